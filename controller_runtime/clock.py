@@ -1,0 +1,66 @@
+"""Time as a port, so health checks, backoff and lock expiry are testable with a fake clock."""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import time
+from datetime import UTC, datetime
+from typing import Protocol
+
+
+class Clock(Protocol):
+    def now(self) -> float:
+        """Seconds (monotonic for scheduling; real clocks may use wall time)."""
+        ...
+
+    async def sleep(self, seconds: float) -> None: ...
+
+
+class RealClock:
+    def now(self) -> float:
+        return time.time()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(max(0.0, seconds))
+
+
+class FakeClock:
+    """A clock that moves only when a test calls `advance`; sleepers wake in order."""
+
+    def __init__(self, start: float = 1_700_000_000.0) -> None:
+        self._now = start
+        self._sleepers: list[tuple[float, int, asyncio.Future[None]]] = []
+        self._seq = itertools.count()
+
+    def now(self) -> float:
+        return self._now
+
+    async def sleep(self, seconds: float) -> None:
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._sleepers, (self._now + max(0.0, seconds), next(self._seq), fut))
+        await fut
+
+    async def advance(self, seconds: float) -> None:
+        """Move time forward, waking every sleeper due, and let woken tasks run."""
+        target = self._now + seconds
+        while self._sleepers and self._sleepers[0][0] <= target:
+            when, _, fut = heapq.heappop(self._sleepers)
+            self._now = max(self._now, when)
+            if not fut.done():
+                fut.set_result(None)
+            for _ in range(10):
+                await asyncio.sleep(0)
+        self._now = target
+        for _ in range(10):
+            await asyncio.sleep(0)
+
+
+def iso(ts: float) -> str:
+    """RFC 3339 UTC, as Kubernetes writes times."""
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_iso(text: str) -> float:
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()

@@ -1,0 +1,57 @@
+"""Typed errors: every engine or controller failure surfaces as one of these, never a hang."""
+
+from __future__ import annotations
+
+
+class ControllerError(Exception):
+    """Base of everything controller_runtime raises on purpose."""
+
+
+class EngineError(ControllerError):
+    """An engine call failed. `endpoint` says which engine."""
+
+    def __init__(self, endpoint: str, message: str) -> None:
+        super().__init__(f"{endpoint}: {message}")
+        self.endpoint = endpoint
+
+
+class EngineTimeout(EngineError):
+    """The engine did not answer within the call's timeout."""
+
+
+class EngineUnavailable(EngineError):
+    """The engine refused the connection or is gone."""
+
+
+class EngineHTTPError(EngineError):
+    """The engine answered with an HTTP error status."""
+
+    def __init__(self, endpoint: str, status: int, body: str) -> None:
+        super().__init__(endpoint, f"HTTP {status}: {body[:500]}")
+        self.status = status
+        self.body = body
+
+
+class EngineProtocolError(EngineError):
+    """The engine answered something that is not what the route promises (garbage, wrong JSON)."""
+
+
+class LockHeld(ControllerError):
+    """The controller lock is held by an open weight-update window."""
+
+
+class SnapshotMismatch(ControllerError):
+    """A window call named a snapshot that is not the open window's."""
+
+
+class WeightCheckMismatch(ControllerError):
+    """Weight checksums after an update do not match what was expected."""
+
+    def __init__(self, mismatched: dict[str, list[str]]) -> None:
+        names = "; ".join(f"{cell}: {', '.join(t[:10])}" for cell, t in mismatched.items())
+        super().__init__(f"weight check failed: {names}")
+        self.mismatched = mismatched
+
+
+class PinViolation(ControllerError):
+    """An eval engine does not serve the pinned weight version."""

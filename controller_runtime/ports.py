@@ -1,0 +1,123 @@
+"""The two ports through which the controller touches the world.
+
+`Platform` creates, deletes and observes engine cells (Kubernetes pods in the operator,
+local processes in `rljob run`). `EngineClient` is one engine's HTTP API, the same shape for
+vLLM and SGLang so that the controller's logic never branches on the engine.
+Both are Protocols: adapters live outside this package (operator) or beside it (clients/).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from controller_runtime.api.spec import MemoryTag, PauseMode
+
+
+@dataclass(frozen=True)
+class PodObservation:
+    """One pod (or local process) of a cell as the platform sees it."""
+
+    name: str
+    phase: str  # Pending | Running | Succeeded | Failed | Unknown
+    ip: str | None = None
+    ready: bool = False
+    restarts: int = 0
+    node: str | None = None
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class CellObservation:
+    """A cell as it exists on the platform right now.
+
+    `generation` is the recreation counter the platform stamped on the cell's pods (a label
+    on Kubernetes), so a controller restarted from scratch can tell a recreated cell from the
+    one a window snapshot names.
+    """
+
+    name: str
+    index: int
+    generation: int
+    pods: tuple[PodObservation, ...] = ()
+    endpoint: str | None = None  # http://host:port of the cell's head engine, once known
+
+    @property
+    def all_running(self) -> bool:
+        return bool(self.pods) and all(p.phase == "Running" for p in self.pods)
+
+    @property
+    def any_failed(self) -> bool:
+        return any(p.phase in ("Failed", "Succeeded", "Unknown") for p in self.pods)
+
+    @property
+    def restarts(self) -> int:
+        return sum(p.restarts for p in self.pods)
+
+
+@dataclass(frozen=True)
+class CellRequest:
+    """What the controller asks the platform to create: cell `index` at `generation`."""
+
+    name: str
+    index: int
+    generation: int
+    pods: int = 1
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+class Platform(Protocol):
+    async def create_cell(self, request: CellRequest) -> None:
+        """Create every pod of the cell. Idempotent: names are deterministic from (name, generation)."""
+        ...
+
+    async def delete_cell(self, name: str) -> None:
+        """Delete every pod of the cell (any generation). Idempotent."""
+        ...
+
+    async def observe_cells(self) -> Sequence[CellObservation]:
+        """Every cell the platform holds for this job."""
+        ...
+
+    async def set_serving(self, name: str, serving: bool) -> None:
+        """Mark the cell as a member (or not) of the serving set (the `rljob.io/serving` label)."""
+        ...
+
+
+class EngineClient(Protocol):
+    """One engine's control and data surface, engine-neutral."""
+
+    endpoint: str
+
+    async def health(self) -> None:
+        """Raise an EngineError unless the engine is healthy (vLLM /health, SGLang /health_generate)."""
+        ...
+
+    async def pause(self, mode: PauseMode = PauseMode.wait) -> None: ...
+
+    async def resume(self) -> None: ...
+
+    async def release_memory(self, tags: Sequence[MemoryTag]) -> None: ...
+
+    async def resume_memory(self, tags: Sequence[MemoryTag]) -> None: ...
+
+    async def flush_cache(self) -> None: ...
+
+    async def update_weights_from_disk(self, path: str, version: str | None = None) -> None: ...
+
+    async def get_weight_version(self) -> str | None: ...
+
+    async def set_weight_version(self, version: str) -> None: ...
+
+    async def weight_checksums(self) -> dict[str, str]:
+        """tensor name -> checksum (vLLM /weight_checker, SGLang /weights_checker)."""
+        ...
+
+    async def abort_all(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class EngineClientFactory(Protocol):
+    def __call__(self, endpoint: str) -> EngineClient: ...

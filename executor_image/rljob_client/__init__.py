@@ -1,0 +1,1 @@
+"""Trainer-side client library: RolloutStream (Ray Client) and InferenceControllerClient."""

@@ -1,0 +1,1 @@
+"""The RolloutExecutor: generates, scores and batches samples for trainers, behind a Ray actor."""

@@ -1,0 +1,1 @@
+"""`rljob`: the command line (local mode `rljob run`, `rljob status`)."""

@@ -1,0 +1,1 @@
+"""The kopf operator for RLJob: thin adapters around controller_runtime."""
