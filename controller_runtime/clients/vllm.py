@@ -1,0 +1,209 @@
+"""vLLM 0.32 client: the OpenAI completions route plus the dev-mode control routes.
+
+Routes and shapes were read from vllm/entrypoints in the installed 0.32 (serve/dev/*,
+rl/online/api_router.py); the control routes exist only with VLLM_SERVER_DEV_MODE=1.
+On the CPU build `sleep`/`wake_up` only pause the scheduler: memory is not released.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import aiohttp
+
+from controller_runtime.api.spec import MemoryTag, PauseMode
+from controller_runtime.clients.completions import Completion, completion_request, parse_completion
+from controller_runtime.clients.http import DEFAULT_TIMEOUT_S, EngineHTTP, expect_field, expect_object
+from controller_runtime.clients.prometheus import parse_prometheus
+from controller_runtime.errors import EngineError, EngineProtocolError
+
+# Tags vLLM's wake_up understands; CUDA graphs are rebuilt with the KV cache.
+_VLLM_WAKE_TAGS = {
+    MemoryTag.weights: "weights",
+    MemoryTag.kv_cache: "kv_cache",
+    MemoryTag.cuda_graph: "kv_cache",
+}
+
+
+class VLLMClient:
+    """One vLLM server. Implements controller_runtime.ports.EngineClient."""
+
+    def __init__(
+        self, endpoint: str, timeout: float = DEFAULT_TIMEOUT_S, session: aiohttp.ClientSession | None = None
+    ) -> None:
+        self._http = EngineHTTP(endpoint, timeout, session)
+        self.endpoint = self._http.endpoint
+
+    # -- data plane ---------------------------------------------------------------------
+
+    async def completions(
+        self,
+        prompt: str | Sequence[int],
+        *,
+        max_tokens: int = 16,
+        temperature: float = 1.0,
+        n: int = 1,
+        logprobs: bool = True,
+        seed: int | None = None,
+        model: str | None = None,
+        stop_token_ids: Sequence[int] | None = None,
+        ignore_eos: bool = False,
+        extra: dict[str, Any] | None = None,
+        timeout_s: float | None = None,
+    ) -> Completion:
+        """POST /v1/completions with `return_token_ids`; each choice carries token ids (+logprobs)."""
+        body = completion_request(
+            prompt,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            n=n,
+            logprobs=logprobs,
+            seed=seed,
+            model=model,
+            stop_token_ids=stop_token_ids,
+            ignore_eos=ignore_eos,
+            extra=extra,
+        )
+        reply = await self._http.post_json("/v1/completions", body, timeout_s=timeout_s)
+        return parse_completion(self.endpoint, reply, want_logprobs=logprobs)
+
+    # -- health and metrics -------------------------------------------------------------
+
+    async def health(self) -> None:
+        """GET /health: 200 when the engine core is alive (503 once it died)."""
+        await self._http.request("GET", "/health")
+
+    async def metrics(self) -> dict[str, float]:
+        """GET /metrics, the `vllm:` samples summed over labels (e.g. vllm:num_requests_running)."""
+        reply = await self._http.request("GET", "/metrics")
+        parsed = parse_prometheus(reply.text, prefix="vllm:")
+        if not parsed:
+            raise EngineProtocolError(self.endpoint, "/metrics: no vllm: samples")
+        return parsed
+
+    # -- pause / sleep --------------------------------------------------------------------
+
+    async def pause(self, mode: PauseMode = PauseMode.wait) -> None:
+        """POST /pause?mode=abort|wait|keep: new and (per mode) running requests wait for resume."""
+        await self._http.post_json("/pause", params={"mode": PauseMode(mode).value})
+
+    async def resume(self) -> None:
+        await self._http.post_json("/resume")
+
+    async def is_paused(self) -> bool:
+        return expect_field(
+            self.endpoint, "/is_paused", await self._http.get_json("/is_paused"), "is_paused", bool
+        )
+
+    async def sleep(self, level: int = 1, mode: PauseMode = PauseMode.abort) -> None:
+        """POST /sleep?level=&mode=: level 1 offloads weights and drops KV, level 2 drops both."""
+        await self._http.post_json("/sleep", params={"level": str(level), "mode": PauseMode(mode).value})
+
+    async def wake_up(self, tags: Sequence[str] | None = None) -> bool:
+        """POST /wake_up?tags=...; returns True when the engine is fully awake afterwards."""
+        params = [("tags", t) for t in tags] if tags else None
+        body = await self._http.post_json("/wake_up", params=params)
+        return expect_field(self.endpoint, "/wake_up", body, "status", str) == "awake"
+
+    async def is_sleeping(self) -> bool:
+        body = await self._http.get_json("/is_sleeping")
+        return expect_field(self.endpoint, "/is_sleeping", body, "is_sleeping", bool)
+
+    async def release_kv_cache_memory(self) -> None:
+        await self._http.post_json("/release_kv_cache_memory")
+
+    async def release_memory(self, tags: Sequence[MemoryTag]) -> None:
+        """Offload: weights among the tags → sleep level 1; only KV/graphs → drop the KV cache."""
+        if MemoryTag.weights in {MemoryTag(t) for t in tags}:
+            await self.sleep(level=1)
+        else:
+            await self.release_kv_cache_memory()
+
+    async def resume_memory(self, tags: Sequence[MemoryTag]) -> None:
+        wake = sorted({_VLLM_WAKE_TAGS[MemoryTag(t)] for t in tags})
+        await self.wake_up(wake or None)
+
+    # -- caches and requests ----------------------------------------------------------------
+
+    async def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """POST /reset_prefix_cache; False when blocks are still held by running requests."""
+        params = {"reset_running_requests": "true"} if reset_running_requests else None
+        body = await self._http.post_json("/reset_prefix_cache", params=params)
+        return expect_field(self.endpoint, "/reset_prefix_cache", body, "success", bool)
+
+    async def flush_cache(self) -> None:
+        """Reset the prefix cache; raise (so the caller retries) while requests still hold blocks."""
+        if not await self.reset_prefix_cache():
+            raise EngineError(self.endpoint, "prefix cache not reset: running requests still hold blocks")
+
+    async def abort_all(self) -> int:
+        """POST /abort_requests {} aborts every in-flight request; returns how many."""
+        body = await self._http.post_json("/abort_requests", {})
+        return expect_field(self.endpoint, "/abort_requests", body, "aborted", int)
+
+    # -- weights ------------------------------------------------------------------------------
+
+    async def collective_rpc(
+        self,
+        method: str,
+        args: Sequence[str] = (),
+        kwargs: dict[str, Any] | None = None,
+        *,
+        rpc_timeout: float | None = None,
+        timeout_s: float | None = None,
+    ) -> list[Any]:
+        """POST /collective_rpc: call `method` on every worker; one result per worker."""
+        body: dict[str, Any] = {"method": method, "args": list(args), "kwargs": kwargs or {}}
+        if rpc_timeout is not None:
+            body["timeout"] = rpc_timeout
+        reply = await self._http.request("POST", "/collective_rpc", json_body=body, timeout_s=timeout_s)
+        if not reply.text:  # the route answers an empty 200 when the call returned None
+            return []
+        return expect_field(self.endpoint, "/collective_rpc", reply.json(self.endpoint), "results", list)
+
+    async def reload_weights(self, path: str, *, timeout_s: float | None = None) -> None:
+        """Swap in the safetensors under `path` (same architecture) via the workers' reload_weights."""
+        await self.collective_rpc("reload_weights", kwargs={"weights_path": path}, timeout_s=timeout_s)
+
+    async def weight_info(self) -> dict[str, Any]:
+        return expect_object(self.endpoint, "/weight_info", await self._http.get_json("/weight_info"))
+
+    async def get_weight_version(self) -> str | None:
+        body = await self.weight_info()
+        version = body.get("weight_version")
+        if version is not None and not isinstance(version, str):
+            raise EngineProtocolError(
+                self.endpoint, f"/weight_info: weight_version is {type(version).__name__}"
+            )
+        return version
+
+    async def update_weight_version(self, version: str) -> None:
+        body = await self._http.post_json("/update_weight_version", {"new_version": version})
+        if expect_field(self.endpoint, "/update_weight_version", body, "success", bool) is not True:
+            raise EngineError(self.endpoint, f"weight version not set: {body}")
+
+    async def set_weight_version(self, version: str) -> None:
+        await self.update_weight_version(version)
+
+    async def update_weights_from_disk(self, path: str, version: str | None = None) -> None:
+        await self.reload_weights(path)
+        if version is not None:
+            await self.update_weight_version(version)
+
+    async def weight_checker(self, action: str, baseline: dict[str, str] | None = None) -> dict[str, Any]:
+        """POST /weight_checker {action: checksum|reset|compare, baseline?}."""
+        body: dict[str, Any] = {"action": action}
+        if baseline is not None:
+            body["baseline"] = baseline
+        return expect_object(
+            self.endpoint, "/weight_checker", await self._http.post_json("/weight_checker", body)
+        )
+
+    async def weight_checksums(self) -> dict[str, str]:
+        body = await self.weight_checker("checksum")
+        sums = expect_field(self.endpoint, "/weight_checker", body, "checksums", dict)
+        return {str(k): str(v) for k, v in sums.items()}
+
+    async def close(self) -> None:
+        await self._http.close()
