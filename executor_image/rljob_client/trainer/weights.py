@@ -1,0 +1,108 @@
+"""Weights for `disk` synchronisation: a complete HuggingFace model directory per version.
+
+vLLM's `reload_weights(weights_path=DIR)` (collective_rpc) points the engine's model config
+at DIR and reads every `*.safetensors` there with its default loader; SGLang's
+`update_weights_from_disk` wants a whole model directory. So each version is written as a
+full model dir: `model.safetensors` plus the config and tokenizer files copied from the
+served model, written into a temporary sibling and renamed into place so that an engine
+never reads half a file. Only the newest `keep` versions stay on disk (the engine reads a
+version inside the update window, before the next one is written).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+# Files copied beside the weights so that the directory is a loadable model on its own.
+MODEL_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+)
+VERSION_DIR = re.compile(r"^v(\d+)$")
+
+
+def unique_state_dict(model: torch.nn.Module, dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+    """Parameters and buffers by name, cast to `dtype`; a tensor shared by two names is kept once.
+
+    safetensors refuses shared storage; HF checkpoints of tied models keep the first name
+    (the embedding) and the loaders re-tie the rest.
+    """
+    out: dict[str, torch.Tensor] = {}
+    seen: set[tuple[int, int]] = set()
+    for name, tensor in model.state_dict().items():
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
+        if key in seen:
+            continue
+        seen.add(key)
+        t = tensor.detach()
+        if dtype is not None and t.is_floating_point():
+            t = t.to(dtype)
+        out[name] = t.contiguous().cpu().clone()
+    return out
+
+
+class DiskWeightWriter:
+    """Writes `ROOT/v<N>/` model directories and prunes old ones."""
+
+    def __init__(self, root: str | os.PathLike[str], source_model_dir: str | os.PathLike[str], keep: int = 2,
+                 dtype: torch.dtype | None = torch.bfloat16) -> None:
+        if keep < 1:
+            raise ValueError("keep must be at least 1")
+        self.root = Path(root)
+        self.source = Path(source_model_dir)
+        self.keep = keep
+        self.dtype = dtype
+
+    def path_for(self, version: int) -> Path:
+        return self.root / f"v{version}"
+
+    def versions(self) -> list[int]:
+        """Complete versions on disk, oldest first."""
+        if not self.root.is_dir():
+            return []
+        found = [int(m.group(1)) for p in self.root.iterdir() if (m := VERSION_DIR.match(p.name)) and p.is_dir()]
+        return sorted(found)
+
+    def save(self, model: torch.nn.Module, version: int) -> Path:
+        """Write version `version` and return its directory (absolute)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        final = self.path_for(version).resolve()
+        tmp = Path(tempfile.mkdtemp(prefix=f".v{version}.", dir=self.root))
+        try:
+            tmp.chmod(0o755)  # engines may run as another user on shared storage
+            save_file(unique_state_dict(model, self.dtype), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+            for name in MODEL_FILES:
+                src = self.source / name
+                if src.is_file():
+                    shutil.copy2(src, tmp / name)
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        self.prune()
+        return final
+
+    def prune(self) -> list[Path]:
+        """Delete all but the newest `keep` versions and stale temporaries; returns what went."""
+        removed: list[Path] = []
+        for v in self.versions()[: -self.keep]:
+            p = self.path_for(v)
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+        for p in self.root.glob(".v*"):
+            if p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+        return removed
