@@ -126,8 +126,8 @@ async def test_conflict_drops_leadership_immediately():
     real_get = store.get
 
     async def stale_get():
-        rec, _ = await real_get()
-        return LeaseRecord("a", 6), str(int(_) - 1)  # our view is stale: the update conflicts
+        _record, version = await real_get()
+        return LeaseRecord("a", 6), str(int(version) - 1)  # our view is stale: the update conflicts
 
     store.get = stale_get
     await a.tick()
