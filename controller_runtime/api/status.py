@@ -60,9 +60,11 @@ class EngineStatus(ApiModel):
     pods: list[str] = Field(default_factory=list)
     endpoint: str | None = None
     memory: list[str] = Field(default_factory=list, description="Memory tags currently released (offloaded).")
+    state_before_offload: CellState | None = Field(None, description="The state an Offloaded cell returns to once its weights are onloaded.")
     weight_version: str | None = None
     consecutive_failures: int = 0
     restarts: int = 0
+    pod_restarts: int = Field(0, description="Container restarts last observed on the cell's pods; an increase means the engine lost its weights.")
     last_probe_time: str | None = None
     last_transition_time: str | None = None
     next_restart_time: str | None = Field(None, description="When a backed-off recreation is due.")
