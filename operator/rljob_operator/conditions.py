@@ -39,15 +39,15 @@ def merge_conditions(
     """New condition list: wanted ones set, others kept, known types in a stable order."""
     by_type: dict[str, dict[str, Any]] = {c["type"]: dict(c) for c in (current or []) if "type" in c}
     for w in wanted:
-        old = by_type.get(w.type)
-        new: dict[str, Any] = {"type": w.type, "status": w.status_text, "reason": w.reason, "message": w.message}
+        old = by_type.get(str(w.type))
+        new: dict[str, Any] = {"type": str(w.type), "status": w.status_text, "reason": w.reason, "message": w.message}
         if old is not None and old.get("status") == new["status"] and old.get("lastTransitionTime"):
             new["lastTransitionTime"] = old["lastTransitionTime"]
         else:
             new["lastTransitionTime"] = now_iso
         if generation is not None:
             new["observedGeneration"] = generation
-        by_type[w.type] = new
+        by_type[str(w.type)] = new
 
     def key(t: str) -> tuple[int, str]:
         return (ORDER.index(t) if t in ORDER else len(ORDER), t)

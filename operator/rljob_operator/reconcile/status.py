@@ -1,0 +1,200 @@
+"""The RLJob status a person reads: phase, conditions, printer counts. Pure.
+
+`build_status` merges what the controller owns (`InferenceController.status_patch()`:
+engines, lock, weight version, counts) with what the operator observes around it (spec
+suspend, the trainer Job's outcome) into the whole status we write. Phases:
+
+    Pending -> Starting -> Running -> Succeeded | Failed;  Suspended while spec.suspend.
+
+Decisions (documented in the README's operator section):
+- Succeeded when the trainer Job completes. Failed when the trainer Job fails, or when every
+  engine cell has spent its restart budget (no engine can serve, so training cannot go on).
+  A single exhausted cell degrades the job (EnginesHealthy=False, RestartBudgetExhausted)
+  but does not fail it while other cells serve.
+- Succeeded and Failed are terminal: they never change back (the TTL clock starts there).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from controller_runtime.api.status import CellState, ConditionType, Phase
+from controller_runtime.clock import iso
+from rljob_operator.conditions import Want, find, merge_conditions, transitions
+
+TERMINAL = (Phase.Succeeded.value, Phase.Failed.value)
+CONTROLLER_KEYS = ("engines", "lock", "weightVersion", "rolloutId", "readyEngines", "totalEngines", "ready", "restartsTotal")
+
+
+class TrainerState(StrEnum):
+    absent = "absent"  # no trainer pods of ours (workloadRef, replicas 0, or not created yet)
+    running = "running"
+    suspended = "suspended"
+    succeeded = "succeeded"
+    failed = "failed"
+
+
+def trainer_state(job: Mapping[str, Any] | None) -> tuple[TrainerState, str]:
+    """A batch/v1 Job's outcome from its conditions (Complete / Failed / Suspended)."""
+    if not job:
+        return TrainerState.absent, ""
+    for c in (job.get("status") or {}).get("conditions") or []:
+        if c.get("status") != "True":
+            continue
+        if c.get("type") == "Complete":
+            return TrainerState.succeeded, c.get("message") or "trainer Job completed"
+        if c.get("type") == "Failed":
+            return TrainerState.failed, f"trainer Job failed: {c.get('reason', '')} {c.get('message', '')}".strip()
+        if c.get("type") == "Suspended":
+            return TrainerState.suspended, ""
+    return TrainerState.running, ""
+
+
+@dataclass(frozen=True)
+class Observed:
+    now: float
+    generation: int | None = None
+    suspend: bool = False  # spec.suspend
+    replicas: int = 0  # spec.inference.replicas
+    controller: Mapping[str, Any] | None = None  # status_patch(), None while no controller runs
+    trainer: TrainerState = TrainerState.absent
+    trainer_message: str = ""
+    engine_pods_left: int = 0  # engine pods still existing while suspending/finishing
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _engine_states(engines: list[Mapping[str, Any]]) -> list[str]:
+    return [str(e.get("state", CellState.Pending.value)) for e in engines]
+
+
+def build_status(prev: Mapping[str, Any] | None, obs: Observed) -> tuple[dict[str, Any], list[Mapping[str, Any]]]:
+    """(status to write, conditions that changed). `prev` is the status as stored now."""
+    prev = dict(prev or {})
+    now_iso = iso(obs.now)
+    out: dict[str, Any] = {k: prev.get(k) for k in CONTROLLER_KEYS if k in prev}
+    if obs.controller is not None:
+        out.update({k: obs.controller.get(k) for k in CONTROLLER_KEYS})
+    engines: list[Mapping[str, Any]] = list(out.get("engines") or [])
+    if obs.controller is None and obs.suspend:
+        engines = []
+        out.update(engines=[], lock=None, readyEngines=0, totalEngines=obs.replicas, ready=f"0/{obs.replicas}")
+    states = _engine_states(engines)
+    total = int(out.get("totalEngines") or len(engines) or obs.replicas)
+    ready = int(out.get("readyEngines") or states.count(CellState.Serving.value))
+    out["totalEngines"], out["readyEngines"], out["ready"] = total, ready, f"{ready}/{total}"
+
+    failed_cells = states.count(CellState.Failed.value)
+    unhealthy = [str(e.get("name")) for e in engines if e.get("state") == CellState.Unhealthy.value]
+    exhausted = [str(e.get("name")) for e in engines if e.get("state") == CellState.Failed.value]
+    all_exhausted = bool(engines) and failed_cells == len(engines)
+
+    prev_phase = prev.get("phase")
+    failed_reason, failed_msg = "", ""
+    if prev_phase in TERMINAL:
+        phase = prev_phase
+        old = find(prev.get("conditions"), ConditionType.Failed.value) or {}
+        failed_reason, failed_msg = old.get("reason", ""), old.get("message", "")
+    elif obs.trainer is TrainerState.failed:
+        phase, failed_reason, failed_msg = Phase.Failed.value, "TrainerFailed", obs.trainer_message
+    elif all_exhausted and not obs.suspend:
+        phase, failed_reason = Phase.Failed.value, "RestartBudgetExhausted"
+        failed_msg = f"every engine cell spent its restart budget: {', '.join(exhausted)}"
+    elif obs.trainer is TrainerState.succeeded:
+        phase = Phase.Succeeded.value
+    elif obs.suspend:
+        phase = Phase.Suspended.value
+    elif ready > 0:
+        phase = Phase.Running.value
+    elif engines:
+        phase = Phase.Starting.value
+    else:
+        phase = Phase.Pending.value
+    out["phase"] = phase
+    if prev.get("startTime"):
+        out["startTime"] = prev["startTime"]
+    elif phase == Phase.Running.value:
+        out["startTime"] = now_iso
+    if phase in TERMINAL:
+        out["completionTime"] = prev.get("completionTime") or now_iso
+    if obs.generation is not None:
+        out["observedGeneration"] = obs.generation
+
+    wants = _wants(phase, obs, ready, total, unhealthy, exhausted, failed_reason, failed_msg, out.get("lock"))
+    out["conditions"] = merge_conditions(prev.get("conditions"), wants, now_iso, obs.generation)
+    return out, transitions(prev.get("conditions"), out["conditions"])
+
+
+def _wants(
+    phase: str,
+    obs: Observed,
+    ready: int,
+    total: int,
+    unhealthy: list[str],
+    exhausted: list[str],
+    failed_reason: str,
+    failed_msg: str,
+    lock: Mapping[str, Any] | None,
+) -> list[Want]:
+    T = ConditionType
+    terminal = phase in TERMINAL
+    counts = f"{ready}/{total} engine cells serving"
+    if terminal:
+        ready_w = Want(T.Ready, False, phase, f"the job {phase.lower()}")
+    elif obs.suspend:
+        ready_w = Want(T.Ready, False, "Suspended", "spec.suspend is true")
+    elif total > 0 and ready == total:
+        ready_w = Want(T.Ready, True, "AllEnginesServing", counts)
+    else:
+        ready_w = Want(T.Ready, False, "EnginesNotReady", counts)
+
+    if exhausted:
+        healthy_w = Want(T.EnginesHealthy, False, "RestartBudgetExhausted", f"restart budget spent: {', '.join(exhausted)}")
+    elif unhealthy:
+        healthy_w = Want(T.EnginesHealthy, False, "CellsUnhealthy", f"unhealthy: {', '.join(unhealthy)}")
+    elif obs.suspend or terminal or obs.controller is None:
+        healthy_w = Want(T.EnginesHealthy, None, "NotRunning", "no engines are running")
+    else:
+        healthy_w = Want(T.EnginesHealthy, True, "NoFailures", counts)
+
+    if terminal:
+        progressing_w = Want(T.Progressing, False, phase, "")
+    elif obs.suspend:
+        progressing_w = Want(T.Progressing, False, "Suspended", "spec.suspend is true")
+    elif lock:
+        progressing_w = Want(T.Progressing, True, "UpdatingWeights", f"update window held by {lock.get('holder')}")
+    elif total > 0 and ready < total:
+        progressing_w = Want(T.Progressing, True, "EnginesStarting", counts)
+    else:
+        progressing_w = Want(T.Progressing, True, "Running", counts)
+
+    if obs.suspend and not terminal:
+        done = obs.controller is None and obs.engine_pods_left == 0
+        msg = "engine and trainer pods deleted" if done else f"deleting engine pods ({obs.engine_pods_left} left)"
+        suspended_w = Want(T.Suspended, True, "SuspendedBySpec", msg)
+    else:
+        suspended_w = Want(T.Suspended, False, "NotSuspended", "")
+
+    if phase == Phase.Failed.value:
+        failed_w = Want(T.Failed, True, failed_reason or "Failed", failed_msg)
+    else:
+        failed_w = Want(T.Failed, False, "NotFailed", "")
+    return [ready_w, healthy_w, progressing_w, suspended_w, failed_w]
+
+
+def semantically_equal(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> bool:
+    """Whether writing `b` over `a` would change anything a reader sees."""
+    keys = set(a or {}) | set(b or {})
+    return all((a or {}).get(k) == (b or {}).get(k) for k in keys)
+
+
+def status_delta(stored: Mapping[str, Any] | None, wanted: Mapping[str, Any]) -> dict[str, Any]:
+    """The merge patch turning `stored` into `wanted` for the keys we own (None deletes)."""
+    stored = stored or {}
+    patch: dict[str, Any] = {}
+    for k, v in wanted.items():
+        if stored.get(k) != v:
+            patch[k] = v
+    return patch

@@ -1,0 +1,90 @@
+from rljob_operator.conditions import find
+from rljob_operator.reconcile.status import Observed, TrainerState, build_status, status_delta, trainer_state
+
+from controller_runtime.clock import iso
+
+T0 = 1_800_000_000.0
+
+
+def ctl(*states: str, lock: dict | None = None) -> dict:
+    engines = [{"name": f"j-cell-{i}", "index": i, "state": s} for i, s in enumerate(states)]
+    ready = sum(1 for s in states if s == "Serving")
+    return {"engines": engines, "lock": lock, "weightVersion": None, "rolloutId": None,
+            "readyEngines": ready, "totalEngines": len(states), "ready": f"{ready}/{len(states)}", "restartsTotal": 0}
+
+
+def cond(status: dict, type_: str) -> tuple[str, str]:
+    c = find(status["conditions"], type_)
+    return c["status"], c["reason"]
+
+
+def test_starting_fleet_is_not_ready_and_printer_counts_show_0_of_4():
+    s, _ = build_status({}, Observed(now=T0, generation=1, replicas=4, controller=ctl("Starting", "Starting", "Pending", "Pending")))
+    assert (s["phase"], s["ready"], s["observedGeneration"]) == ("Starting", "0/4", 1)
+    assert cond(s, "Ready") == ("False", "EnginesNotReady")
+    assert cond(s, "Progressing") == ("True", "EnginesStarting")
+
+
+def test_all_serving_is_ready_and_running_with_start_time():
+    s, changed = build_status({}, Observed(now=T0, replicas=2, controller=ctl("Serving", "Serving")))
+    assert (s["phase"], s["ready"], s["startTime"]) == ("Running", "2/2", iso(T0))
+    assert cond(s, "Ready") == ("True", "AllEnginesServing")
+    assert cond(s, "EnginesHealthy") == ("True", "NoFailures")
+    assert {c["type"] for c in changed} >= {"Ready", "EnginesHealthy"}
+
+
+def test_unhealthy_cell_flips_engines_healthy_and_keeps_transition_time_until_it_recovers():
+    s1, _ = build_status({}, Observed(now=T0, replicas=2, controller=ctl("Serving", "Serving")))
+    s2, changed = build_status(s1, Observed(now=T0 + 5, replicas=2, controller=ctl("Serving", "Unhealthy")))
+    assert cond(s2, "EnginesHealthy") == ("False", "CellsUnhealthy")
+    assert [c["type"] for c in changed] == ["Ready", "EnginesHealthy", "Progressing"]
+    s3, changed = build_status(s2, Observed(now=T0 + 9, replicas=2, controller=ctl("Serving", "Unhealthy")))
+    assert changed == [] and find(s3["conditions"], "EnginesHealthy")["lastTransitionTime"] == iso(T0 + 5)
+
+
+def test_one_exhausted_cell_degrades_but_every_exhausted_cell_fails_the_job():
+    s, _ = build_status({}, Observed(now=T0, replicas=2, controller=ctl("Serving", "Failed")))
+    assert s["phase"] == "Running" and cond(s, "EnginesHealthy") == ("False", "RestartBudgetExhausted")
+    s, _ = build_status(s, Observed(now=T0 + 1, replicas=2, controller=ctl("Failed", "Failed")))
+    assert s["phase"] == "Failed" and cond(s, "Failed") == ("True", "RestartBudgetExhausted")
+    assert s["completionTime"] == iso(T0 + 1)
+
+
+def test_terminal_phase_is_sticky():
+    s, _ = build_status({}, Observed(now=T0, replicas=1, controller=ctl("Serving"), trainer=TrainerState.succeeded))
+    assert s["phase"] == "Succeeded"
+    s2, _ = build_status(s, Observed(now=T0 + 50, replicas=1, controller=ctl("Serving"), trainer=TrainerState.running))
+    assert s2["phase"] == "Succeeded" and s2["completionTime"] == iso(T0)
+
+
+def test_trainer_failure_fails_the_job_with_its_message():
+    s, _ = build_status({}, Observed(now=T0, replicas=1, controller=ctl("Serving"), trainer=TrainerState.failed, trainer_message="trainer Job failed: BackoffLimitExceeded"))
+    assert cond(s, "Failed") == ("True", "TrainerFailed")
+    assert "BackoffLimitExceeded" in find(s["conditions"], "Failed")["message"]
+
+
+def test_suspended_job_reports_pods_left_then_done_and_clears_engines():
+    prev, _ = build_status({}, Observed(now=T0, replicas=2, controller=ctl("Serving", "Serving")))
+    s, _ = build_status(prev, Observed(now=T0 + 1, replicas=2, suspend=True, controller=None, engine_pods_left=2))
+    assert s["phase"] == "Suspended" and s["engines"] == [] and s["ready"] == "0/2"
+    assert cond(s, "Suspended") == ("True", "SuspendedBySpec") and "2 left" in find(s["conditions"], "Suspended")["message"]
+    assert cond(s, "Ready") == ("False", "Suspended") and cond(s, "Progressing") == ("False", "Suspended")
+    s, _ = build_status(s, Observed(now=T0 + 2, replicas=2, suspend=True, controller=None))
+    assert find(s["conditions"], "Suspended")["message"] == "engine and trainer pods deleted"
+
+
+def test_open_window_shows_as_progressing_updating_weights():
+    s, _ = build_status({}, Observed(now=T0, replicas=1, controller=ctl("Serving", lock={"holder": "trainer-0"})))
+    assert cond(s, "Progressing") == ("True", "UpdatingWeights")
+
+
+def test_trainer_state_from_job_conditions():
+    assert trainer_state(None)[0] is TrainerState.absent
+    assert trainer_state({"status": {}})[0] is TrainerState.running
+    assert trainer_state({"status": {"conditions": [{"type": "Complete", "status": "True"}]}})[0] is TrainerState.succeeded
+    st, msg = trainer_state({"status": {"conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]}})
+    assert st is TrainerState.failed and "BackoffLimitExceeded" in msg
+
+
+def test_status_delta_holds_only_changes_and_explicit_deletions():
+    assert status_delta({"a": 1, "lock": {"h": 1}}, {"a": 1, "lock": None}) == {"lock": None}
