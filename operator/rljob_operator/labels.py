@@ -1,0 +1,76 @@
+"""Label and annotation keys the operator puts on its objects, and the selectors built from them.
+
+Labels are the API between the operator's parts: the `<job>-engines` Service selects
+`rljob.io/serving=true`, the Platform adapter finds a job's cells by `rljob.io/job` and
+`rljob.io/role=engine`, and `kubectl get pods -l rljob.io/job=NAME` shows everything of one
+job. Label values are limited to 63 characters, so long job and cell names go through
+`label_value` (readable prefix + hash); the full names stay in annotations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from rljob_operator.names import dns_label
+
+PREFIX = "rljob.io"
+JOB = f"{PREFIX}/job"
+CELL = f"{PREFIX}/cell"
+CELL_INDEX = f"{PREFIX}/cell-index"
+GENERATION = f"{PREFIX}/generation"
+POD_INDEX = f"{PREFIX}/pod-index"
+ROLE = f"{PREFIX}/role"
+SERVING = f"{PREFIX}/serving"
+MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGER = "rljob-operator"
+
+# Annotations carrying the full (unshortened) names.
+JOB_NAME_ANNOTATION = f"{PREFIX}/job-name"
+CELL_NAME_ANNOTATION = f"{PREFIX}/cell-name"
+
+ROLE_ENGINE = "engine"
+ROLE_ROLLOUT = "rollout"
+ROLE_TRAINER = "trainer"
+
+# Indexed Job pods carry their index in this annotation (Kubernetes >= 1.28 also as a label).
+JOB_COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+
+
+def label_value(text: str) -> str:
+    """`text` if it is a valid label value of at most 63 characters, else a hashed short form."""
+    return dns_label(text)
+
+
+def job_labels(job: str, role: str) -> dict[str, str]:
+    """Labels on every object of `role` for the job."""
+    return {JOB: label_value(job), ROLE: role, MANAGED_BY: MANAGER}
+
+
+def role_selector(job: str, role: str) -> dict[str, str]:
+    """matchLabels selecting the job's pods of one role."""
+    return {JOB: label_value(job), ROLE: role}
+
+
+def engine_selector(job: str) -> dict[str, str]:
+    return role_selector(job, ROLE_ENGINE)
+
+
+def cell_selector(job: str, cell: str) -> dict[str, str]:
+    """All pods of one cell, every generation."""
+    return {**engine_selector(job), CELL: label_value(cell)}
+
+
+def serving_selector(job: str) -> dict[str, str]:
+    """The heads of serving cells: pod 0 of a cell is the one that serves HTTP.
+
+    Only the head of a multi-node cell listens on the engine port (vLLM's Ray workers and
+    SGLang's rank > 0 nodes serve no HTTP), so the Service adds pod-index=0 to the
+    serving label; `set_serving` still labels every pod of the cell so that
+    `kubectl get pods -l rljob.io/serving=true` shows whole cells.
+    """
+    return {**engine_selector(job), SERVING: "true", POD_INDEX: "0"}
+
+
+def selector_string(labels: Mapping[str, str]) -> str:
+    """matchLabels as a label-selector query string (`k=v,k=v`), sorted for determinism."""
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))

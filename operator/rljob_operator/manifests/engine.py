@@ -1,0 +1,240 @@
+"""Engine cell pods: one cell = ceil(gpusPerEngine / gpusPerNode) pods running one engine.
+
+Design choices (why):
+
+* Bare pods, restartPolicy Never, no owning StatefulSet/LeaderWorkerSet: the cell is the unit
+  of restart (DESIGN.md), so the controller deletes and recreates whole cells itself, with a
+  new generation in the pod names; a kubelet restarting one container of a multi-node
+  engine would leave the others wedged in a broken process group. For the same reason there
+  is no livenessProbe: health is the controller's probe, which also knows when an engine is
+  legitimately unresponsive (offloaded, mid weight update).
+* Names `<job>-cell-<index>-g<generation>-<podIndex>` are deterministic, so creating a cell
+  twice is a 409, never a second cell.
+* hostname = pod name and subdomain = `<job>-cells` (headless, publishNotReadyAddresses) give
+  each pod a DNS name before it is ready, which multi-node rendezvous needs.
+* Multi-node vLLM follows LeaderWorkerSet's vLLM recipe (and KubeRay's head/worker split):
+  pod 0 starts a Ray head, waits until every pod of the cell has joined, then runs the
+  OpenAI server with `--distributed-executor-backend ray` (TP within a node, PP across
+  nodes); pods 1.. wait for the head's GCS port, then `ray start --block`, so a worker exits
+  (and its pod fails, and the controller recreates the cell) when the head goes away.
+  Multi-node SGLang needs no Ray: every pod runs `sglang.launch_server` with
+  `--nnodes/--node-rank/--dist-init-addr <pod 0>`.
+* Only pod 0 of a cell serves HTTP, so only pod 0 has the readinessProbe and the `http` port.
+* vLLM gets `VLLM_SERVER_DEV_MODE=1` (sleep/wake, pause/resume, collective_rpc and weight
+  routes the controller drives). vLLM 0.32 workers implement `reload_weights` natively
+  (called through `/collective_rpc`), so no `--worker-extension-cls` is needed for disk
+  updates; `--enable-sleep-mode` is added when offload is enabled and
+  `--weight-transfer-config` when weights arrive over NCCL.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from typing import Any
+
+from controller_runtime.api.spec import Engine, InferenceSpec, WeightUpdateMethod
+from controller_runtime.ports import CellRequest
+from rljob_operator import labels as L
+from rljob_operator.manifests.job import JobView
+from rljob_operator.manifests.podspec import (
+    container_resources,
+    env_field,
+    env_value,
+    merge_env,
+    model_path,
+    model_volume,
+    placement_fields,
+    shm_volume,
+    user_env,
+)
+from rljob_operator.names import cells_service_name, engine_pod_name
+
+CONTAINER = "engine"
+HEALTH_PATH = "/health"  # both vLLM and SGLang; the controller's own probe uses /health_generate on SGLang
+RAY_GCS_PORT = 6379
+SGLANG_DIST_PORT = 50000
+VLLM_MODULE = "vllm.entrypoints.openai.api_server"
+SGLANG_MODULE = "sglang.launch_server"
+
+
+def parallel_sizes(inference: InferenceSpec) -> tuple[int, int]:
+    """(tensor, pipeline) parallel sizes: TP within a pod, PP across the pods of a cell, unless set."""
+    tp = inference.tensor_parallel_size or max(1, inference.gpus_per_pod)
+    pp = inference.pipeline_parallel_size or inference.pods_per_cell
+    return tp, pp
+
+
+def head_address(job: JobView, cell: CellRequest) -> str:
+    """DNS name of pod 0 of the cell (through the headless `<job>-cells` Service)."""
+    head = engine_pod_name(job.name, cell.index, cell.generation, 0)
+    return f"{head}.{job.service_host(cells_service_name(job.name))}"
+
+
+def _vllm_server_args(job: JobView, distributed: bool) -> list[str]:
+    inf = job.spec.inference
+    tp, pp = parallel_sizes(inf)
+    args = [
+        "--model", model_path(job.spec.model),
+        "--host", "$(POD_IP)",
+        "--port", str(inf.port),
+        "--tensor-parallel-size", str(tp),
+        "--pipeline-parallel-size", str(pp),
+    ]  # fmt: skip
+    if job.spec.model.tokenizer:
+        args += ["--tokenizer", job.spec.model.tokenizer]
+    if distributed:
+        args += ["--distributed-executor-backend", "ray"]
+    if inf.offload.enabled:
+        args.append("--enable-sleep-mode")
+    if inf.weight_update.method == WeightUpdateMethod.nccl:
+        args += ["--weight-transfer-config", json.dumps({"backend": "nccl"}, separators=(",", ":"))]
+    return args + list(inf.engine_args)
+
+
+def _vllm_command(job: JobView, cell: CellRequest, pod_index: int) -> list[str]:
+    inf = job.spec.inference
+    pods = inf.pods_per_cell
+    if pods == 1:
+        return ["python", "-m", VLLM_MODULE, *_vllm_server_args(job, distributed=False)]
+    head = head_address(job, cell)
+    if pod_index == 0:
+        wait_for_workers = (
+            'import ray, sys; ray.init(address="auto", logging_level="ERROR"); '
+            f'sys.exit(0 if sum(n["Alive"] for n in ray.nodes()) >= {pods} else 1)'
+        )
+        server = shlex.join(["python", "-m", VLLM_MODULE, *_vllm_server_args(job, distributed=True)])
+        script = (
+            "set -e\n"
+            f"ray start --head --port={RAY_GCS_PORT} --node-ip-address=$(POD_IP) --disable-usage-stats\n"
+            f"until python -c {shlex.quote(wait_for_workers)}; do sleep 5; done\n"
+            f"exec {server}\n"
+        )
+    else:
+        wait_for_head = f"import socket; socket.create_connection(({json.dumps(head)}, {RAY_GCS_PORT}), 5)"
+        script = (
+            f"until python -c {shlex.quote(wait_for_head)}; do sleep 5; done\n"
+            f"exec ray start --address={head}:{RAY_GCS_PORT} --node-ip-address=$(POD_IP) "
+            "--disable-usage-stats --block\n"
+        )
+    return ["bash", "-c", script]
+
+
+def _sglang_command(job: JobView, cell: CellRequest, pod_index: int) -> list[str]:
+    inf = job.spec.inference
+    tp, pp = parallel_sizes(inf)
+    args = [
+        "python", "-m", SGLANG_MODULE,
+        "--model-path", model_path(job.spec.model),
+        "--host", "$(POD_IP)",
+        "--port", str(inf.port),
+        "--tp", str(tp),
+    ]  # fmt: skip
+    if pp > 1:
+        args += ["--pp-size", str(pp)]
+    if inf.pods_per_cell > 1:
+        args += [
+            "--nnodes", str(inf.pods_per_cell),
+            "--node-rank", str(pod_index),
+            "--dist-init-addr", f"{head_address(job, cell)}:{SGLANG_DIST_PORT}",
+        ]  # fmt: skip
+    if job.spec.model.tokenizer:
+        args += ["--tokenizer-path", job.spec.model.tokenizer]
+    if inf.offload.enabled:
+        args.append("--enable-memory-saver")
+    return args + list(inf.engine_args)
+
+
+def engine_command(job: JobView, cell: CellRequest, pod_index: int) -> list[str]:
+    """argv of pod `pod_index` of the cell (Kubernetes expands `$(POD_IP)`)."""
+    if job.spec.inference.engine == Engine.sglang:
+        return _sglang_command(job, cell, pod_index)
+    return _vllm_command(job, cell, pod_index)
+
+
+def _engine_env(job: JobView) -> list[dict[str, Any]]:
+    env = [env_field("POD_IP", "status.podIP"), env_field("POD_NAME", "metadata.name")]
+    if job.spec.inference.engine == Engine.vllm:
+        env += [env_value("VLLM_SERVER_DEV_MODE", "1"), env_value("VLLM_HOST_IP", "$(POD_IP)")]
+    return merge_env(env, user_env(job.spec.inference.env))
+
+
+def _readiness_probe(job: JobView) -> dict[str, Any]:
+    hc = job.spec.inference.health_check
+    return {
+        "httpGet": {"path": HEALTH_PATH, "port": "http"},
+        "periodSeconds": 10,
+        "timeoutSeconds": max(1, min(int(hc.timeout_seconds), 10)),
+        "failureThreshold": 3,
+    }
+
+
+def _ports(job: JobView, pod_index: int) -> list[dict[str, Any]]:
+    inf = job.spec.inference
+    if pod_index != 0:
+        return []
+    ports = [{"name": "http", "containerPort": inf.port, "protocol": "TCP"}]
+    if inf.pods_per_cell > 1:
+        if inf.engine == Engine.vllm:
+            ports.append({"name": "ray-gcs", "containerPort": RAY_GCS_PORT, "protocol": "TCP"})
+        else:
+            ports.append({"name": "dist-init", "containerPort": SGLANG_DIST_PORT, "protocol": "TCP"})
+    return ports
+
+
+def engine_pod(job: JobView, cell: CellRequest, pod_index: int) -> dict[str, Any]:
+    """Pod `pod_index` of the cell."""
+    inf = job.spec.inference
+    name = engine_pod_name(job.name, cell.index, cell.generation, pod_index)
+    labels = {
+        **inf.pod_metadata.labels,
+        **cell.labels,
+        **L.job_labels(job.name, L.ROLE_ENGINE),
+        L.CELL: L.label_value(cell.name),
+        L.CELL_INDEX: str(cell.index),
+        L.GENERATION: str(cell.generation),
+        L.POD_INDEX: str(pod_index),
+        L.SERVING: "false",
+    }
+    annotations = {**inf.pod_metadata.annotations, L.CELL_NAME_ANNOTATION: cell.name}
+    model_vol, model_mount = model_volume(job.spec.model)
+    shm_vol, shm_mount = shm_volume()
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": inf.image,
+        "command": engine_command(job, cell, pod_index),
+        "env": _engine_env(job),
+        "resources": container_resources(inf.resources, inf.gpus_per_pod if inf.gpus_per_engine > 0 else 0),
+        "volumeMounts": [model_mount, shm_mount],
+    }
+    ports = _ports(job, pod_index)
+    if ports:
+        container["ports"] = ports
+        container["readinessProbe"] = _readiness_probe(job)
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "hostname": name,
+        "subdomain": cells_service_name(job.name),
+        "enableServiceLinks": False,
+        "automountServiceAccountToken": False,
+        "terminationGracePeriodSeconds": 30,
+        **placement_fields(inf.placement),
+        "containers": [container],
+        "volumes": [model_vol, shm_vol],
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": job.metadata(name, L.ROLE_ENGINE, labels=labels, annotations=annotations),
+        "spec": spec,
+    }
+
+
+def engine_pods(job: dict[str, Any] | JobView, cell: CellRequest) -> list[dict[str, Any]]:
+    """Every pod of one cell at one generation.
+
+    The pod count comes from the spec (ceil(gpusPerEngine/gpusPerNode)), the authority for
+    the cell's shape; `cell.pods` is not consulted.
+    """
+    view = JobView.of(job)
+    return [engine_pod(view, cell, i) for i in range(view.spec.inference.pods_per_cell)]

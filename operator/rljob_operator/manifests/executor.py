@@ -1,0 +1,155 @@
+"""The RolloutExecutor: a one-replica Deployment and the `<job>-rollout` Service.
+
+The executor pod runs a Ray head whose Ray Client server (port 10001) the trainers connect
+to as `ray://<job>-rollout:10001`, and a named detached actor per job. One replica with
+strategy Recreate: two executors of one job would race for the same actor name and both
+hand out batches, so the old pod must be gone before the new one starts (a rolling update
+would briefly run both).
+
+With `spec.rollout.rayCluster` the Ray head lives in a KubeRay RayCluster instead: the
+executor connects to it as a Ray Client driver and the `<job>-rollout` Service selects the
+RayCluster's head pod, so trainers use the same address either way.
+
+The executor reads the RLJob itself (hence the automounted ServiceAccount token) and gets
+the addresses it cannot derive on the command line and, redundantly, as environment.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rljob_operator import labels as L
+from rljob_operator.manifests.job import JobView
+from rljob_operator.manifests.podspec import (
+    container_resources,
+    env_field,
+    env_value,
+    model_path,
+    model_volume,
+)
+from rljob_operator.manifests.services import engines_url
+from rljob_operator.names import ray_cluster_name, rollout_name
+
+CONTAINER = "executor"
+RAY_CLIENT_PORT = 10001
+RAY_DASHBOARD_PORT = 8265
+RAY_GCS_PORT = 6379
+EXECUTOR_MODULE = "rollout_executor"
+
+
+def rollout_address(job: dict[str, Any] | JobView) -> str:
+    """Ray Client address of the job's rollout Ray (what trainers pass to RolloutStream)."""
+    view = JobView.of(job)
+    return f"ray://{rollout_name(view.name)}:{RAY_CLIENT_PORT}"
+
+
+def executor_command(view: JobView, controller_url: str) -> list[str]:
+    cmd = [
+        "python", "-m", EXECUTOR_MODULE,
+        "--job", view.name,
+        "--namespace", view.namespace,
+        "--controller-url", controller_url,
+        "--engines-url", engines_url(view),
+        "--dataset", view.spec.rollout.dataset.path,
+    ]  # fmt: skip
+    if view.spec.rollout.ray_cluster is not None:
+        cmd += ["--ray-address", rollout_address(view)]
+    return cmd
+
+
+def _env(view: JobView, controller_url: str) -> list[dict[str, Any]]:
+    env = [
+        env_field("POD_IP", "status.podIP"),
+        env_value("RLJOB_NAME", view.name),
+        env_value("RLJOB_NAMESPACE", view.namespace),
+        env_value("RLJOB_CONTROLLER_URL", controller_url),
+        env_value("RLJOB_ENGINES_URL", engines_url(view)),
+        env_value("RLJOB_MODEL_PATH", model_path(view.spec.model)),
+    ]
+    if view.spec.model.tokenizer:
+        env.append(env_value("RLJOB_TOKENIZER_PATH", view.spec.model.tokenizer))
+    return env
+
+
+def executor_deployment(
+    job: dict[str, Any] | JobView,
+    controller_url: str,
+    *,
+    service_account_name: str | None = None,
+) -> dict[str, Any]:
+    view = JobView.of(job)
+    name = rollout_name(view.name)
+    selector = L.role_selector(view.name, L.ROLE_ROLLOUT)
+    vol, mount = model_volume(view.spec.model)
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": view.spec.rollout.image,
+        "command": executor_command(view, controller_url),
+        "env": _env(view, controller_url),
+        "ports": [
+            {"name": "ray-client", "containerPort": RAY_CLIENT_PORT, "protocol": "TCP"},
+            {"name": "dashboard", "containerPort": RAY_DASHBOARD_PORT, "protocol": "TCP"},
+            {"name": "gcs", "containerPort": RAY_GCS_PORT, "protocol": "TCP"},
+        ],
+        "volumeMounts": [mount],
+    }
+    resources = container_resources(view.spec.rollout.resources, 0)
+    if resources:
+        container["resources"] = resources
+    if view.spec.rollout.ray_cluster is None:
+        container["readinessProbe"] = {"tcpSocket": {"port": "ray-client"}, "periodSeconds": 10}
+    pod_spec: dict[str, Any] = {
+        "automountServiceAccountToken": True,
+        "enableServiceLinks": False,
+        "containers": [container],
+        "volumes": [vol],
+    }
+    if service_account_name:
+        pod_spec["serviceAccountName"] = service_account_name
+    template_labels = {**L.job_labels(view.name, L.ROLE_ROLLOUT)}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": view.metadata(name, L.ROLE_ROLLOUT),
+        "spec": {
+            "replicas": 1,
+            "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": selector},
+            "template": {
+                "metadata": {"labels": template_labels, "annotations": {L.JOB_NAME_ANNOTATION: view.name}},
+                "spec": pod_spec,
+            },
+        },
+    }
+
+
+def executor_service(job: dict[str, Any] | JobView) -> dict[str, Any]:
+    """`<job>-rollout`: Ray Client (10001, `ray-client`) and dashboard (8265) of the rollout Ray head."""
+    view = JobView.of(job)
+    if view.spec.rollout.ray_cluster is not None:
+        selector = {"ray.io/cluster": ray_cluster_name(view.name), "ray.io/node-type": "head"}
+    else:
+        selector = L.role_selector(view.name, L.ROLE_ROLLOUT)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": view.metadata(rollout_name(view.name), L.ROLE_ROLLOUT),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector,
+            "ports": [
+                {
+                    "name": "ray-client",
+                    "port": RAY_CLIENT_PORT,
+                    "targetPort": RAY_CLIENT_PORT,
+                    "protocol": "TCP",
+                },
+                {
+                    "name": "dashboard",
+                    "port": RAY_DASHBOARD_PORT,
+                    "targetPort": RAY_DASHBOARD_PORT,
+                    "protocol": "TCP",
+                },
+            ],
+        },
+    }

@@ -1,0 +1,98 @@
+"""Pod-spec pieces shared by engine, executor and trainer pods: placement, resources, model volume."""
+
+from __future__ import annotations
+
+import posixpath
+from typing import Any
+
+from controller_runtime.api.spec import EnvVar, ModelSpec, Placement, Resources
+
+GPU_RESOURCE = "nvidia.com/gpu"
+MODEL_VOLUME = "model"
+MODELS_MOUNT = "/models"
+SHM_VOLUME = "dshm"
+
+
+def placement_fields(placement: Placement) -> dict[str, Any]:
+    """nodeSelector, tolerations, affinity, priorityClassName as Pod spec fields (only those set)."""
+    out: dict[str, Any] = {}
+    if placement.node_selector:
+        out["nodeSelector"] = dict(placement.node_selector)
+    if placement.tolerations:
+        out["tolerations"] = [t.to_wire() for t in placement.tolerations]
+    if placement.affinity:
+        out["affinity"] = placement.affinity
+    if placement.priority_class_name:
+        out["priorityClassName"] = placement.priority_class_name
+    return out
+
+
+def container_resources(resources: Resources, gpus: int) -> dict[str, Any]:
+    """The user's requests/limits plus `nvidia.com/gpu: gpus` in both (extended resources need equal values)."""
+    requests = dict(resources.requests)
+    limits = dict(resources.limits)
+    if gpus > 0:
+        requests[GPU_RESOURCE] = str(gpus)
+        limits[GPU_RESOURCE] = str(gpus)
+    out: dict[str, Any] = {}
+    if requests:
+        out["requests"] = requests
+    if limits:
+        out["limits"] = limits
+    return out
+
+
+def model_path(model: ModelSpec) -> str:
+    """Where the model directory appears inside a pod.
+
+    A PVC is mounted whole at /models (read-only) and the model is /models/<subPath>, so a
+    tokenizer elsewhere in the same claim stays reachable; a plain path is mounted from the
+    node at the same path (hostPath), which is also what the test cluster's process agent
+    runs against.
+    """
+    if model.pvc is not None:
+        sub = model.pvc.sub_path.strip("/")
+        return posixpath.join(MODELS_MOUNT, sub) if sub else MODELS_MOUNT
+    assert model.path is not None
+    return model.path
+
+
+def model_volume(model: ModelSpec) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(volume, volumeMount) for the model, read-only."""
+    if model.pvc is not None:
+        volume = {
+            "name": MODEL_VOLUME,
+            "persistentVolumeClaim": {"claimName": model.pvc.claim_name, "readOnly": True},
+        }
+        mount = {"name": MODEL_VOLUME, "mountPath": MODELS_MOUNT, "readOnly": True}
+        return volume, mount
+    assert model.path is not None
+    volume = {"name": MODEL_VOLUME, "hostPath": {"path": model.path, "type": "Directory"}}
+    mount = {"name": MODEL_VOLUME, "mountPath": model.path, "readOnly": True}
+    return volume, mount
+
+
+def shm_volume() -> tuple[dict[str, Any], dict[str, Any]]:
+    """A memory-backed /dev/shm: the container default (64 MiB) is too small for NCCL and torch workers."""
+    return (
+        {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}},
+        {"name": SHM_VOLUME, "mountPath": "/dev/shm"},
+    )
+
+
+def env_value(name: str, value: str) -> dict[str, Any]:
+    return {"name": name, "value": value}
+
+
+def env_field(name: str, field_path: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": field_path}}}
+
+
+def user_env(env: list[EnvVar]) -> list[dict[str, Any]]:
+    return [env_value(e.name, e.value) for e in env]
+
+
+def merge_env(base: list[dict[str, Any]], extra: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """base then extra; a name in extra replaces the same name in base (the user wins), order kept."""
+    names = {e["name"] for e in extra}
+    return [e for e in base if e["name"] not in names] + extra

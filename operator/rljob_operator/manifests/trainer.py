@@ -1,0 +1,163 @@
+"""The trainer workload: an Indexed `batch/v1` Job plus the headless Service `<job>-trainer`.
+
+Why an Indexed Job rather than bare pods (the choice Kubeflow Trainer v2 makes through
+JobSet, and PyTorchJob before it with its own pods):
+
+* each pod gets a stable rank: the completion index (annotation
+  `batch.kubernetes.io/job-completion-index`) becomes `RANK`, and a pod replaced after an
+  eviction keeps its index;
+* with `subdomain` = the headless Service, Indexed Job pods get the hostnames
+  `<job>-trainer-<index>`, so `MASTER_ADDR=<job>-trainer-0.<job>-trainer` is known before any
+  pod exists: the torchrun-style rendezvous needs no discovery step;
+* the Job controller already does what we would otherwise reimplement: creating missing
+  pods, failure accounting (`backoffLimit`, `podFailurePolicy`), `suspend` (which Kueue
+  drives), completion, and elastic resizing (`parallelism` and `completions` change
+  together for Indexed Jobs).
+
+Failure policy: one failed rank breaks the whole process group, so `backoffLimit: 0`
+fails the Job at the first real failure and the RLJob reports it; disruptions
+(preemption, node drain: the `DisruptionTarget` condition) are ignored, so an evicted
+rank is recreated with the same index instead of failing the job.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from controller_runtime.api.spec import TrainerSpec
+from rljob_operator import labels as L
+from rljob_operator.manifests.executor import rollout_address
+from rljob_operator.manifests.job import JobView
+from rljob_operator.manifests.podspec import (
+    container_resources,
+    env_field,
+    env_value,
+    merge_env,
+    model_path,
+    model_volume,
+    placement_fields,
+    shm_volume,
+    user_env,
+)
+from rljob_operator.names import trainer_name
+
+CONTAINER = "trainer"
+MASTER_PORT = 29500
+TRAINER_MODULE = "rljob_client.trainer"
+
+
+def master_addr(view: JobView) -> str:
+    name = trainer_name(view.name)
+    return f"{name}-0.{name}"
+
+
+def trainer_command(view: JobView) -> tuple[list[str], list[str]]:
+    """(command, args): the user's command, or the reference trainer configured from the spec."""
+    t = view.spec.trainer
+    if t.command:
+        return list(t.command), list(t.args)
+    ref = t.reference
+    args = [
+        "--model", model_path(view.spec.model),
+        "--steps", str(ref.steps),
+        "--learning-rate", repr(ref.learning_rate),
+        "--algorithm", ref.algorithm,
+        "--save-every", str(ref.save_every),
+    ]  # fmt: skip
+    return ["python", "-m", TRAINER_MODULE], args + list(t.args)
+
+
+def _env(view: JobView, controller_url: str) -> list[dict[str, Any]]:
+    t = view.spec.trainer
+    wu = view.spec.inference.weight_update
+    env = [
+        env_field("POD_IP", "status.podIP"),
+        env_value("MASTER_ADDR", master_addr(view)),
+        env_value("MASTER_PORT", str(MASTER_PORT)),
+        env_value("WORLD_SIZE", str(t.replicas)),
+        env_field("RANK", f"metadata.annotations['{L.JOB_COMPLETION_INDEX_ANNOTATION}']"),
+        env_value("RLJOB_CONTROLLER_URL", controller_url),
+        env_value("RLJOB_NAME", view.name),
+        env_value("RLJOB_NAMESPACE", view.namespace),
+        env_value("RLJOB_ROLLOUT_ADDRESS", rollout_address(view)),
+        env_value("RLJOB_MODEL_PATH", model_path(view.spec.model)),
+        env_value("RLJOB_WEIGHT_UPDATE_METHOD", str(wu.method)),
+        env_value("RLJOB_WEIGHTS_DIR", wu.shared_path),
+    ]
+    return merge_env(env, user_env(t.env))
+
+
+def trainer_service(view: JobView) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": view.metadata(trainer_name(view.name), L.ROLE_TRAINER),
+        "spec": {
+            "clusterIP": "None",
+            "selector": L.role_selector(view.name, L.ROLE_TRAINER),
+            "publishNotReadyAddresses": True,
+            "ports": [{"name": "master", "port": MASTER_PORT, "targetPort": MASTER_PORT, "protocol": "TCP"}],
+        },
+    }
+
+
+def trainer_job(view: JobView, controller_url: str) -> dict[str, Any]:
+    t: TrainerSpec = view.spec.trainer
+    name = trainer_name(view.name)
+    command, args = trainer_command(view)
+    model_vol, model_mount = model_volume(view.spec.model)
+    shm_vol, shm_mount = shm_volume()
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": t.image,
+        "command": command,
+        "env": _env(view, controller_url),
+        "ports": [{"name": "master", "containerPort": MASTER_PORT, "protocol": "TCP"}],
+        "volumeMounts": [model_mount, shm_mount],
+    }
+    if args:
+        container["args"] = args
+    resources = container_resources(t.resources, t.gpus_per_replica)
+    if resources:
+        container["resources"] = resources
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "subdomain": name,
+        "automountServiceAccountToken": True,
+        "enableServiceLinks": False,
+        **placement_fields(t.placement),
+        "containers": [container],
+        "volumes": [model_vol, shm_vol],
+    }
+    if t.service_account_name:
+        pod_spec["serviceAccountName"] = t.service_account_name
+    pod_labels = {**t.pod_metadata.labels, **L.job_labels(view.name, L.ROLE_TRAINER)}
+    pod_annotations = {**t.pod_metadata.annotations, L.JOB_NAME_ANNOTATION: view.name}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": view.metadata(name, L.ROLE_TRAINER),
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": t.replicas,
+            "parallelism": t.replicas,
+            "backoffLimit": 0,
+            "podFailurePolicy": {
+                "rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]
+            },
+            "suspend": view.spec.suspend,
+            "template": {
+                "metadata": {"labels": pod_labels, "annotations": pod_annotations},
+                "spec": pod_spec,
+            },
+        },
+    }
+
+
+def trainer_workload(job: dict[str, Any] | JobView, controller_url: str) -> list[dict[str, Any]]:
+    """[headless Service, Indexed Job], or [] when the user runs the trainer (workloadRef) or replicas is 0."""
+    view = JobView.of(job)
+    t = view.spec.trainer
+    if t.workload_ref is not None or t.replicas == 0:
+        return []
+    return [trainer_service(view), trainer_job(view, controller_url)]

@@ -1,0 +1,401 @@
+"""Targeted properties of the manifest builders (the golden files pin the whole shape)."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import re
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+from rljob_operator import labels as L
+from rljob_operator.manifests import (
+    JobView,
+    cells_headless_service,
+    engine_pods,
+    engines_service,
+    executor_deployment,
+    executor_service,
+    ray_cluster,
+    trainer_workload,
+)
+from rljob_operator.names import dns_label, engine_pod_name, trainer_name
+
+from controller_runtime.api.spec import RLJobSpec
+from controller_runtime.ports import CellRequest
+
+JOBS = Path(__file__).parent / "golden" / "jobs"
+KUBERAY_CRD = Path("/work/shared/third_party/kuberay/ray.io_rayclusters.yaml")
+URL = "http://rljob-operator.rljob-system.svc:8443"
+DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+
+def job(case: str) -> dict[str, Any]:
+    return yaml.safe_load((JOBS / f"{case}.yaml").read_text())
+
+
+def cell(j: dict[str, Any] | JobView, index: int = 0, generation: int = 1) -> CellRequest:
+    return CellRequest(name=f"{JobView.of(j).name}-cell-{index}", index=index, generation=generation)
+
+
+def container(pod: dict[str, Any]) -> dict[str, Any]:
+    return pod["spec"]["containers"][0]
+
+
+def env_of(c: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in c["env"]}
+
+
+def all_objects(j: dict[str, Any]) -> list[dict[str, Any]]:
+    out = [cells_headless_service(j), engines_service(j), *engine_pods(j, cell(j))]
+    out += [executor_deployment(j, URL), executor_service(j), *trainer_workload(j, URL)]
+    rc = ray_cluster(j)
+    return out + ([rc] if rc else [])
+
+
+# --- engine pods -------------------------------------------------------------------------
+
+
+def test_two_gpu_cells_request_two_gpus_in_limits_and_requests() -> None:
+    pods = engine_pods(job("llama-8b-8gpu"), cell(job("llama-8b-8gpu")))
+    assert len(pods) == 1
+    res = container(pods[0])["resources"]
+    assert res["requests"]["nvidia.com/gpu"] == "2" and res["limits"]["nvidia.com/gpu"] == "2"
+    assert res["requests"]["cpu"] == "8" and res["limits"]["memory"] == "64Gi"
+
+
+def test_multi_node_cell_spans_two_pods_of_eight_gpus() -> None:
+    j = job("multinode-vllm")
+    pods = engine_pods(j, cell(j, index=1, generation=3))
+    assert [p["metadata"]["name"] for p in pods] == ["llama-70b-cell-1-g3-0", "llama-70b-cell-1-g3-1"]
+    for p in pods:
+        assert container(p)["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    assert [p["metadata"]["labels"][L.POD_INDEX] for p in pods] == ["0", "1"]
+
+
+def test_cpu_cell_requests_no_gpu_and_passes_engine_args_through() -> None:
+    j = job("tiny-cpu")
+    (pod,) = engine_pods(j, cell(j))
+    c = container(pod)
+    assert "nvidia.com/gpu" not in str(c.get("resources", {}))
+    cmd = c["command"]
+    assert cmd[:3] == ["python", "-m", "vllm.entrypoints.openai.api_server"]
+    tail = cmd[cmd.index("--pipeline-parallel-size") + 2 :]
+    assert tail == ["--dtype", "bfloat16", "--max-model-len", "512", "--enforce-eager"]
+    assert cmd[cmd.index("--host") + 1] == "$(POD_IP)"
+    assert cmd[cmd.index("--tensor-parallel-size") + 1] == "1"
+    assert "--enable-sleep-mode" not in cmd
+    env = env_of(c)
+    assert env["VLLM_SERVER_DEV_MODE"] == "1"
+    assert env["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert pod["metadata"]["labels"]["testcluster.rljob.io/run"] == "process"
+
+
+def test_placement_is_copied_to_engine_pods() -> None:
+    j = job("llama-8b-8gpu")
+    spec = engine_pods(j, cell(j))[0]["spec"]
+    assert spec["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert spec["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    assert spec["priorityClassName"] == "rl-training"
+    assert engine_pods(job("multinode-vllm"), cell(job("multinode-vllm")))[0]["spec"]["affinity"][
+        "podAntiAffinity"
+    ]
+
+
+def test_engine_pods_are_labelled_for_cell_generation_and_role() -> None:
+    j = job("llama-8b-8gpu")
+    meta = engine_pods(j, CellRequest(name="llama-8b-cell-2", index=2, generation=5, labels={"extra": "x"}))[
+        0
+    ]["metadata"]
+    assert meta["name"] == "llama-8b-cell-2-g5-0"
+    labels = meta["labels"]
+    assert labels[L.JOB] == "llama-8b"
+    assert labels[L.CELL] == "llama-8b-cell-2"
+    assert labels[L.CELL_INDEX] == "2"
+    assert labels[L.GENERATION] == "5"
+    assert labels[L.ROLE] == "engine"
+    assert labels[L.MANAGED_BY] == "rljob-operator"
+    assert labels[L.SERVING] == "false"
+    assert labels["extra"] == "x"
+    assert meta["annotations"]["example.com/team"] == "post-training"
+    assert meta["annotations"][L.CELL_NAME_ANNOTATION] == "llama-8b-cell-2"
+
+
+def test_user_labels_cannot_override_operator_labels() -> None:
+    j = job("tiny-cpu")
+    j["spec"]["inference"]["podMetadata"]["labels"][L.ROLE] = "hijack"
+    assert engine_pods(j, cell(j))[0]["metadata"]["labels"][L.ROLE] == "engine"
+
+
+def test_names_are_deterministic_and_new_generation_means_new_names() -> None:
+    j = job("llama-8b-8gpu")
+    first = [p["metadata"]["name"] for p in engine_pods(j, cell(j, 0, 1))]
+    again = [p["metadata"]["name"] for p in engine_pods(copy.deepcopy(j), cell(j, 0, 1))]
+    later = [p["metadata"]["name"] for p in engine_pods(j, cell(j, 0, 2))]
+    assert first == again
+    assert set(first).isdisjoint(later)
+
+
+def test_pods_get_hostname_and_subdomain_of_the_headless_service() -> None:
+    j = job("multinode-vllm")
+    svc = cells_headless_service(j)
+    for p in engine_pods(j, cell(j)):
+        assert p["spec"]["hostname"] == p["metadata"]["name"]
+        assert p["spec"]["subdomain"] == svc["metadata"]["name"]
+        assert p["spec"]["restartPolicy"] == "Never"
+
+
+def test_vllm_multi_node_head_runs_ray_head_and_server_workers_join_it() -> None:
+    j = job("multinode-vllm")
+    head, worker = engine_pods(j, cell(j))
+    head_script = container(head)["command"][2]
+    worker_script = container(worker)["command"][2]
+    assert "ray start --head" in head_script
+    assert ">= 2 else 1" in head_script  # waits for both pods of the cell
+    assert "--distributed-executor-backend ray" in head_script
+    assert "--tensor-parallel-size 8 --pipeline-parallel-size 2" in head_script
+    assert "--address=llama-70b-cell-0-g1-0.llama-70b-cells.rl.svc:6379" in worker_script
+    assert "--block" in worker_script
+    assert "readinessProbe" in container(head) and "readinessProbe" not in container(worker)
+    assert container(head)["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+
+
+def test_sglang_multi_node_pods_get_ranks_and_the_head_address() -> None:
+    j = job("sglang-offload")
+    j["spec"]["inference"]["gpusPerEngine"] = 16
+    pods = engine_pods(j, cell(j))
+    assert len(pods) == 2
+    for rank, p in enumerate(pods):
+        cmd = container(p)["command"]
+        assert cmd[:3] == ["python", "-m", "sglang.launch_server"]
+        assert cmd[cmd.index("--nnodes") + 1] == "2"
+        assert cmd[cmd.index("--node-rank") + 1] == str(rank)
+        assert (
+            cmd[cmd.index("--dist-init-addr") + 1] == "qwen-sglang-cell-0-g1-0.qwen-sglang-cells.rl.svc:50000"
+        )
+        assert cmd[cmd.index("--tp") + 1] == "8" and cmd[cmd.index("--pp-size") + 1] == "2"
+
+
+def test_offload_enables_memory_saver_for_sglang_and_sleep_mode_for_vllm() -> None:
+    j = job("sglang-offload")
+    cmd = container(engine_pods(j, cell(j))[0])["command"]
+    assert "--enable-memory-saver" in cmd
+    assert cmd[-2:] == ["--mem-fraction-static", "0.7"]
+    assert env_of(container(engine_pods(j, cell(j))[0]))["NCCL_DEBUG"] == "WARN"
+    v = job("tiny-cpu")
+    v["spec"]["inference"]["offload"] = {"enabled": True}
+    assert "--enable-sleep-mode" in container(engine_pods(v, cell(v))[0])["command"]
+
+
+def test_model_from_pvc_is_mounted_at_models_with_sub_path() -> None:
+    j = job("llama-8b-8gpu")
+    pod = engine_pods(j, cell(j))[0]
+    cmd = container(pod)["command"]
+    assert cmd[cmd.index("--model") + 1] == "/models/meta-llama/Llama-3.1-8B-Instruct"
+    vol = next(v for v in pod["spec"]["volumes"] if v["name"] == "model")
+    assert vol["persistentVolumeClaim"] == {"claimName": "models", "readOnly": True}
+    assert {"name": "model", "mountPath": "/models", "readOnly": True} in container(pod)["volumeMounts"]
+
+
+def test_model_path_is_mounted_from_the_node_at_the_same_path() -> None:
+    j = job("tiny-cpu")
+    pod = engine_pods(j, cell(j))[0]
+    vol = next(v for v in pod["spec"]["volumes"] if v["name"] == "model")
+    assert vol["hostPath"]["path"] == "/var/cache/rljob/tiny-model"
+    cmd = container(pod)["command"]
+    assert cmd[cmd.index("--model") + 1] == "/var/cache/rljob/tiny-model"
+
+
+# --- names, owners ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", ["tiny-cpu", "llama-8b-8gpu", "multinode-vllm", "sglang-offload"])
+def test_every_object_is_owned_by_the_rljob_as_controller(case: str) -> None:
+    j = job(case)
+    for obj in all_objects(j):
+        (ref,) = obj["metadata"]["ownerReferences"]
+        assert ref == {
+            "apiVersion": "rljob.io/v1alpha1",
+            "kind": "RLJob",
+            "name": j["metadata"]["name"],
+            "uid": j["metadata"]["uid"],
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+        assert obj["metadata"]["namespace"] == j["metadata"]["namespace"]
+
+
+def test_long_job_names_are_shortened_to_valid_distinct_dns_labels() -> None:
+    base = job("multinode-vllm")
+    names = {}
+    for suffix in ("a", "b"):
+        j = copy.deepcopy(base)
+        j["metadata"]["name"] = "very.long-team-name." + "x" * 200 + suffix
+        objs = all_objects(j)
+        for obj in objs:
+            name = obj["metadata"]["name"]
+            assert len(name) <= 63 and DNS_LABEL.match(name), name
+            for v in obj["metadata"]["labels"].values():
+                assert len(v) <= 63
+        pods = [o for o in objs if o["kind"] == "Pod"]
+        assert all(p["metadata"]["name"].endswith(f"-cell-0-g1-{i}") for i, p in enumerate(pods))
+        names[suffix] = {o["metadata"]["name"] for o in objs}
+        # Indexed Job pod hostnames <trainer>-<index> stay within 63 characters
+        assert len(trainer_name(j["metadata"]["name"]) + "-99999") <= 63
+    assert names["a"].isdisjoint(names["b"])
+
+
+def test_dns_label_keeps_valid_short_names_unchanged() -> None:
+    assert dns_label("llama", "-cell-0-g1-0") == "llama-cell-0-g1-0"
+    assert engine_pod_name("a" * 80, 3, 12, 1).endswith("-cell-3-g12-1")
+    assert dns_label("Upper_Case") != "Upper_Case" and DNS_LABEL.match(dns_label("Upper_Case"))
+    assert dns_label("9lives") != dns_label("lives")
+
+
+def test_job_without_uid_cannot_own_anything() -> None:
+    j = job("tiny-cpu")
+    del j["metadata"]["uid"]
+    with pytest.raises(ValueError, match="uid"):
+        engines_service(j)
+
+
+def test_parsed_spec_renders_the_same_as_the_raw_dict() -> None:
+    raw = job("llama-8b-8gpu")
+    parsed = {"metadata": raw["metadata"], "spec": RLJobSpec.model_validate(raw["spec"])}
+    assert all_objects(raw) == all_objects(parsed)
+    assert all_objects(JobView.of(raw)) == all_objects(raw)
+
+
+# --- services -----------------------------------------------------------------------------
+
+
+def test_headless_service_selects_all_engine_pods_including_unready() -> None:
+    svc = cells_headless_service(job("llama-8b-8gpu"))
+    assert svc["spec"]["clusterIP"] == "None"
+    assert svc["spec"]["publishNotReadyAddresses"] is True
+    assert svc["spec"]["selector"] == {L.JOB: "llama-8b", L.ROLE: "engine"}
+
+
+def test_engines_service_selects_serving_cell_heads() -> None:
+    j = job("llama-8b-8gpu")
+    svc = engines_service(j)
+    assert svc["metadata"]["name"] == "llama-8b-engines"
+    sel = svc["spec"]["selector"]
+    assert sel == {L.JOB: "llama-8b", L.ROLE: "engine", L.SERVING: "true", L.POD_INDEX: "0"}
+    assert svc["spec"]["ports"] == [{"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}]
+    pod_labels = engine_pods(j, cell(j))[0]["metadata"]["labels"]
+    assert all(pod_labels.get(k) == v for k, v in sel.items() if k != L.SERVING)
+
+
+# --- executor -----------------------------------------------------------------------------
+
+
+def test_executor_is_one_replica_recreated_never_rolled() -> None:
+    d = executor_deployment(job("llama-8b-8gpu"), URL, service_account_name="rljob-executor")
+    assert d["spec"]["replicas"] == 1 and d["spec"]["strategy"] == {"type": "Recreate"}
+    pod = d["spec"]["template"]
+    assert all(pod["metadata"]["labels"][k] == v for k, v in d["spec"]["selector"]["matchLabels"].items())
+    spec = pod["spec"]
+    assert spec["serviceAccountName"] == "rljob-executor" and spec["automountServiceAccountToken"] is True
+    cmd = spec["containers"][0]["command"]
+    assert cmd[:3] == ["python", "-m", "rollout_executor"]
+    assert cmd[cmd.index("--job") + 1] == "llama-8b" and cmd[cmd.index("--namespace") + 1] == "rl"
+    assert cmd[cmd.index("--controller-url") + 1] == URL
+    assert cmd[cmd.index("--engines-url") + 1] == "http://llama-8b-engines.rl.svc:8000"
+    assert cmd[cmd.index("--dataset") + 1] == "/models/datasets/gsm8k-train.jsonl"
+    assert spec["containers"][0]["resources"] == {"requests": {"cpu": "2", "memory": "8Gi"}}
+
+
+def test_executor_service_exposes_ray_client_and_dashboard() -> None:
+    svc = executor_service(job("llama-8b-8gpu"))
+    assert svc["metadata"]["name"] == "llama-8b-rollout"
+    assert {(p["name"], p["port"]) for p in svc["spec"]["ports"]} == {
+        ("ray-client", 10001),
+        ("dashboard", 8265),
+    }
+    assert svc["spec"]["selector"] == {L.JOB: "llama-8b", L.ROLE: "rollout"}
+    ray_svc = executor_service(job("multinode-vllm"))
+    assert ray_svc["spec"]["selector"] == {"ray.io/cluster": "llama-70b-ray", "ray.io/node-type": "head"}
+
+
+# --- trainer ------------------------------------------------------------------------------
+
+
+def test_trainer_is_an_indexed_job_with_torchrun_env() -> None:
+    j = job("multinode-vllm")
+    svc, tj = trainer_workload(j, URL)
+    assert svc["spec"]["clusterIP"] == "None" and svc["metadata"]["name"] == "llama-70b-trainer"
+    spec = tj["spec"]
+    assert spec["completionMode"] == "Indexed"
+    assert spec["completions"] == spec["parallelism"] == 4
+    assert spec["backoffLimit"] == 0
+    pod = spec["template"]["spec"]
+    assert pod["subdomain"] == "llama-70b-trainer" and pod["restartPolicy"] == "Never"
+    assert all(spec["template"]["metadata"]["labels"][k] == v for k, v in svc["spec"]["selector"].items())
+    env = env_of(pod["containers"][0])
+    assert env["MASTER_ADDR"] == "llama-70b-trainer-0.llama-70b-trainer"
+    assert env["MASTER_PORT"] == "29500"
+    assert env["WORLD_SIZE"] == "4"
+    assert env["RANK"] == {
+        "fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}
+    }
+    assert env["RLJOB_ROLLOUT_ADDRESS"] == "ray://llama-70b-rollout:10001"
+    assert env["RLJOB_CONTROLLER_URL"] == URL
+    assert (env["RLJOB_NAME"], env["RLJOB_NAMESPACE"]) == ("llama-70b", "rl")
+    assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    assert pod["containers"][0]["command"] == ["python", "-m", "rljob_client.trainer"]
+
+
+def test_trainer_uses_service_account_placement_and_user_command() -> None:
+    j = job("llama-8b-8gpu")
+    j["spec"]["trainer"]["command"] = ["torchrun", "train.py"]
+    j["spec"]["trainer"]["args"] = ["--epochs", "1"]
+    pod = trainer_workload(j, URL)[1]["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "rljob-trainer"
+    assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
+    assert pod["containers"][0]["command"] == ["torchrun", "train.py"]
+    assert pod["containers"][0]["args"] == ["--epochs", "1"]
+
+
+def test_no_trainer_workload_for_workload_ref_or_zero_replicas() -> None:
+    assert trainer_workload(job("sglang-offload"), URL) == []
+    j = job("tiny-cpu")
+    j["spec"]["trainer"]["replicas"] = 0
+    assert trainer_workload(j, URL) == []
+
+
+# --- RayCluster ---------------------------------------------------------------------------
+
+
+@functools.cache
+def kuberay_schema() -> dict[str, Any]:
+    crd = yaml.load(KUBERAY_CRD.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")
+    return version["schema"]["openAPIV3Schema"]
+
+
+@pytest.mark.skipif(not KUBERAY_CRD.exists(), reason=f"KubeRay CRD not found at {KUBERAY_CRD}")
+def test_ray_cluster_validates_against_the_kuberay_crd_schema() -> None:
+    rc = ray_cluster(job("multinode-vllm"))
+    assert rc is not None
+    jsonschema.validate(rc, kuberay_schema())
+    head = rc["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    assert {"name": "client", "containerPort": 10001} in head["ports"]
+    (workers,) = rc["spec"]["workerGroupSpecs"]
+    assert workers["replicas"] == 2
+
+
+@pytest.mark.skipif(not KUBERAY_CRD.exists(), reason=f"KubeRay CRD not found at {KUBERAY_CRD}")
+def test_schema_check_catches_a_broken_ray_cluster() -> None:
+    rc = ray_cluster(job("multinode-vllm"))
+    assert rc is not None
+    del rc["spec"]["workerGroupSpecs"][0]["groupName"]
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(rc, kuberay_schema())
+
+
+def test_no_ray_cluster_unless_asked_for() -> None:
+    assert ray_cluster(job("llama-8b-8gpu")) is None

@@ -1,0 +1,76 @@
+"""Golden files: every manifest builder rendered for representative RLJobs.
+
+A change to a builder shows up as a readable YAML diff in review. Regenerate after an
+intended change with `UPDATE_GOLDEN=1 .venv/bin/pytest tests/unit/test_manifests_golden.py`
+and read the diff before committing it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from rljob_operator.manifests import (
+    cells_headless_service,
+    engine_pods,
+    engines_service,
+    executor_deployment,
+    executor_service,
+    ray_cluster,
+    trainer_workload,
+)
+
+from controller_runtime.ports import CellRequest
+
+GOLDEN = Path(__file__).parent / "golden"
+JOBS = GOLDEN / "jobs"
+CONTROLLER_URL = "http://rljob-operator.rljob-system.svc:8443"
+CASES = ["tiny-cpu", "llama-8b-8gpu", "multinode-vllm", "sglang-offload"]
+
+
+def load_job(case: str) -> dict[str, Any]:
+    return yaml.safe_load((JOBS / f"{case}.yaml").read_text())
+
+
+def render_all(job: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every object of the job, in a fixed order: cell 0 at generation 1 stands for all cells."""
+    name = job["metadata"]["name"]
+    cell = CellRequest(name=f"{name}-cell-0", index=0, generation=1)
+    docs = [cells_headless_service(job), engines_service(job), *engine_pods(job, cell)]
+    docs += [executor_deployment(job, CONTROLLER_URL), executor_service(job)]
+    docs += trainer_workload(job, CONTROLLER_URL)
+    rc = ray_cluster(job)
+    if rc is not None:
+        docs.append(rc)
+    return docs
+
+
+class _NoAliasDumper(yaml.SafeDumper):
+    """Writes a shared sub-dict out in full each time: anchors would hide what each object holds."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def dump(docs: list[dict[str, Any]]) -> str:
+    return yaml.dump_all(docs, Dumper=_NoAliasDumper, sort_keys=True, default_flow_style=False, width=120)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_manifests_match_golden_file(case: str) -> None:
+    rendered = dump(render_all(load_job(case)))
+    path = GOLDEN / f"{case}.yaml"
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        path.write_text(rendered)
+    assert path.exists(), f"{path} missing: run with UPDATE_GOLDEN=1 to create it"
+    assert rendered == path.read_text(), (
+        f"{path.name} differs: rerun with UPDATE_GOLDEN=1 if the change is intended"
+    )
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_rendering_is_deterministic(case: str) -> None:
+    assert dump(render_all(load_job(case))) == dump(render_all(load_job(case)))
