@@ -1,0 +1,49 @@
+"""Controller events: what the operator turns into Kubernetes Events and local mode prints.
+
+Plain data with a stable `reason` vocabulary (CamelCase, as Kubernetes event reasons are),
+so the operator's event writer and the CLI's printer need no knowledge of the controller.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class Reason:
+    """Event reasons the controller emits."""
+
+    CellCreated = "CellCreated"
+    CellStarting = "CellStarting"
+    CellPendingWeights = "CellPendingWeights"
+    CellServing = "CellServing"
+    CellUnhealthy = "CellUnhealthy"
+    CellReplaced = "CellReplaced"
+    CellDeleted = "CellDeleted"
+    StartupDeadlineExceeded = "StartupDeadlineExceeded"
+    RestartBudgetExhausted = "RestartBudgetExhausted"
+    Offloaded = "Offloaded"
+    Onloaded = "Onloaded"
+    RolloutPrepared = "RolloutPrepared"
+    WindowOpened = "WindowOpened"
+    WeightsUpdated = "WeightsUpdated"
+    WindowAborted = "WindowAborted"
+    LockExpired = "LockExpired"
+    WeightCheckFailed = "WeightCheckFailed"
+    ReconcileError = "ReconcileError"
+
+
+@dataclass(frozen=True)
+class ControllerEvent:
+    reason: str
+    message: str
+    cell: str | None = None
+    warning: bool = False
+
+    @property
+    def type(self) -> str:
+        """Kubernetes event type."""
+        return "Warning" if self.warning else "Normal"
+
+    def __str__(self) -> str:
+        where = f" [{self.cell}]" if self.cell else ""
+        return f"{self.type} {self.reason}{where}: {self.message}"
