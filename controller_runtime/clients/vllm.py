@@ -121,8 +121,13 @@ class VLLMClient:
             await self.release_kv_cache_memory()
 
     async def resume_memory(self, tags: Sequence[MemoryTag]) -> None:
-        wake = sorted({_VLLM_WAKE_TAGS[MemoryTag(t)] for t in tags})
-        await self.wake_up(wake or None)
+        """Wake the tags one at a time: vLLM ignores a whole wake_up call when any one of its
+        tags is already awake, so waking [weights, kv_cache] after weights alone does nothing."""
+        wake = sorted({_VLLM_WAKE_TAGS[MemoryTag(t)] for t in tags}, key=("weights", "kv_cache").index)
+        if not wake:
+            await self.wake_up(None)
+        for tag in wake:
+            await self.wake_up([tag])
 
     # -- caches and requests ----------------------------------------------------------------
 
