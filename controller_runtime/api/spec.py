@@ -5,7 +5,12 @@ them), for local mode's manifest parsing and for the reconciler. Descriptions ar
 for the person reading `kubectl explain rlj.spec...` and the generated reference.
 Cross-field rules that the API server must enforce are attached as CEL rules
 (`x-kubernetes-validations`) and mirrored by pydantic validators so that local mode rejects
-the same manifests with the same messages.
+the same manifests with the same messages. Rules that compare with the stored object
+(immutable fields) are transition rules: the API server checks them on update, and
+`RLJobSpec.validate_update` checks them where there is no API server.
+
+Strings and lists carry `maxLength`/`maxItems` bounds: the API server estimates the cost of
+every CEL rule from these bounds and refuses a CRD whose rules could cost too much.
 """
 
 from __future__ import annotations
@@ -19,11 +24,22 @@ from controller_runtime.api.base import ApiModel
 
 CEL = "x-kubernetes-validations"
 
+# Bounds shared by many fields; generous, but finite so CEL cost estimates stay small.
+MAX_PATH = 4096
+MAX_NAME = 253
+MAX_IMAGE = 512
+MAX_ARGS = 256
+MAX_ENV = 256
 
-def cel(*rules: tuple[str, str] | tuple[str, str, str]) -> dict[str, Any]:
-    """json_schema_extra carrying CEL rules: (rule, message[, fieldPath])."""
+
+def cel(*rules: tuple[str, str] | tuple[str, str, str] | dict[str, str]) -> dict[str, Any]:
+    """json_schema_extra carrying CEL rules: (rule, message[, fieldPath]) or a full rule dict
+    (keys as in the CRD: rule, message, messageExpression, fieldPath, reason)."""
     out = []
     for r in rules:
+        if isinstance(r, dict):
+            out.append(dict(r))
+            continue
         item = {"rule": r[0], "message": r[1]}
         if len(r) > 2:
             item["fieldPath"] = r[2]
@@ -45,28 +61,39 @@ class MemoryTag(StrEnum):
 
 
 class PvcSource(ApiModel):
-    claim_name: str = Field(min_length=1, description="PersistentVolumeClaim holding the weights.")
-    sub_path: str = Field("", description="Path inside the claim.")
+    """A PersistentVolumeClaim and a path inside it."""
+
+    claim_name: str = Field(min_length=1, max_length=MAX_NAME, description="Name of the PersistentVolumeClaim (in the RLJob's namespace).")
+    sub_path: str = Field("", max_length=MAX_PATH, description="Path inside the claim.")
+
+
+MODEL_SOURCE_MSG = "spec.model: set path or pvc (where the weights are)"
+MODEL_IMMUTABLE_MSG = "spec.model is immutable; create a new RLJob to change the model"
 
 
 class ModelSpec(ApiModel):
-    """Where the policy's initial weights live. Mounted read-only into engines and trainers."""
+    """Where the policy's initial weights live. Mounted read-only into engines and trainers. Immutable."""
 
     model_config = ApiModel.model_config | {
         "json_schema_extra": cel(
-            ("has(self.path) || has(self.pvc)", "spec.model: set path or pvc (where the weights are)"),
-            ("self == oldSelf", "spec.model is immutable; create a new RLJob to change the model"),
+            ("has(self.path) || has(self.pvc)", MODEL_SOURCE_MSG),
+            ("self == oldSelf", MODEL_IMMUTABLE_MSG),
         )
     }
 
-    path: str | None = Field(None, description="Path to a HuggingFace-format model directory (local mode, or a hostPath/volume path).")
+    path: str | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_PATH,
+        description="Path to a HuggingFace-format model directory (local mode, or a hostPath/volume path).",
+    )
     pvc: PvcSource | None = Field(None, description="PVC holding the model; mounted at /models in engine and trainer pods.")
-    tokenizer: str | None = Field(None, description="Tokenizer directory; defaults to the model directory.")
+    tokenizer: str | None = Field(None, max_length=MAX_PATH, description="Tokenizer directory; defaults to the model directory.")
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSpec:
         if self.path is None and self.pvc is None:
-            raise ValueError("spec.model: set path or pvc (where the weights are)")
+            raise ValueError(MODEL_SOURCE_MSG)
         return self
 
 
@@ -80,19 +107,37 @@ class HealthCheckSpec(ApiModel):
     startup_deadline_seconds: float = Field(1800, gt=0, description="A cell still starting after this long is Unhealthy (StartupDeadlineExceeded).")
 
 
+RESTART_BACKOFF_MSG = "spec.inference.restartPolicy.backoffSeconds must not exceed spec.inference.restartPolicy.maxBackoffSeconds"
+
+
 class RestartPolicySpec(ApiModel):
     """A restart budget: never an unbounded crash loop."""
+
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": cel(
+            ("self.backoffSeconds <= self.maxBackoffSeconds", RESTART_BACKOFF_MSG, ".backoffSeconds"),
+        )
+    }
 
     backoff_seconds: float = Field(5, ge=0, description="First delay before recreating an unhealthy cell; doubles after each failed restart.")
     max_backoff_seconds: float = Field(300, ge=0, description="Upper bound of the restart delay.")
     max_restarts: int = Field(5, ge=0, description="Recreations allowed per cell; when spent, the job reports EnginesHealthy=False/RestartBudgetExhausted.")
+
+    @model_validator(mode="after")
+    def _backoff_bounded(self) -> RestartPolicySpec:
+        if self.backoff_seconds > self.max_backoff_seconds:
+            raise ValueError(RESTART_BACKOFF_MSG)
+        return self
+
+
+OFFLOAD_TAGS_MSG = "spec.inference.offload.tags must name at least one of weights, kv_cache, cuda_graph when offload is enabled"
 
 
 class OffloadSpec(ApiModel):
     """Release engine GPU memory while the trainer runs on the same GPUs (colocated mode)."""
 
     model_config = ApiModel.model_config | {
-        "json_schema_extra": cel(("!self.enabled || size(self.tags) > 0", "spec.inference.offload.tags must name at least one of weights, kv_cache, cuda_graph when offload is enabled")),
+        "json_schema_extra": cel(("!self.enabled || size(self.tags) > 0", OFFLOAD_TAGS_MSG, ".tags")),
     }
 
     enabled: bool = Field(False, description="Offload engines around each training step.")
@@ -102,17 +147,25 @@ class OffloadSpec(ApiModel):
         description="What to release: weights, kv_cache, cuda_graph.",
     )
 
+    @model_validator(mode="after")
+    def _tags_when_enabled(self) -> OffloadSpec:
+        if self.enabled and not self.tags:
+            raise ValueError(OFFLOAD_TAGS_MSG)
+        return self
+
 
 class RouterSpec(ApiModel):
-    url: str = Field(min_length=1, description="Base URL of an external router (e.g. sglang-router); serving cells are registered with it.")
+    """An external router in front of the serving cells."""
+
+    url: str = Field(min_length=1, max_length=2048, description="Base URL of an external router (e.g. sglang-router); serving cells are registered with it.")
 
 
 class EvalFleetSpec(ApiModel):
-    """A frozen fleet pinned to a checkpoint, used for evaluation only."""
+    """A frozen fleet pinned to a checkpoint, used for evaluation only. It never takes weight updates."""
 
-    replicas: int = Field(1, ge=1, description="Eval cells.")
-    checkpoint: str = Field(min_length=1, description="Weights directory the eval fleet is pinned to.")
-    weight_version: str = Field(min_length=1, description="Version every eval engine must report before eval runs.")
+    replicas: int = Field(1, ge=1, le=1024, description="Eval cells.")
+    checkpoint: str = Field(min_length=1, max_length=MAX_PATH, description="Weights directory the eval fleet is pinned to (required: an eval fleet without a checkpoint has nothing to evaluate).")
+    weight_version: str = Field(min_length=1, max_length=MAX_NAME, description="Version every eval engine must report before eval runs.")
 
 
 class WeightUpdateMethod(StrEnum):
@@ -127,45 +180,90 @@ class PauseMode(StrEnum):
 
 
 class WeightUpdateSpec(ApiModel):
-    method: WeightUpdateMethod = Field(WeightUpdateMethod.disk, description="disk: safetensors on shared storage + engine reload; nccl: broadcast into a process group.")
+    """How new weights reach the engines after each training step."""
+
+    method: WeightUpdateMethod = Field(WeightUpdateMethod.disk, description="disk: safetensors on shared storage + engine reload; nccl: broadcast into a process group (GPU engines only).")
     pause_mode: PauseMode = Field(PauseMode.wait, description="How in-flight requests are treated while weights change (vLLM /pause?mode=).")
     check_weights: bool = Field(False, description="Snapshot engine weight checksums before, compare after (miles check_weight_update_equal).")
     lock_timeout_seconds: float = Field(600, gt=0, description="An update window left open longer than this is aborted and reported.")
-    shared_path: str = Field("/checkpoints", description="Shared directory where the trainer writes weights for disk updates.")
+    shared_path: str = Field("/checkpoints", min_length=1, max_length=MAX_PATH, description="Shared directory where the trainer writes weights for disk updates.")
+    pvc: PvcSource | None = Field(None, description="PVC mounted at sharedPath in engine and trainer pods (disk updates across pods need shared storage).")
 
 
 class Toleration(ApiModel):
-    key: str | None = None
-    operator: Literal["Exists", "Equal"] | None = None
-    value: str | None = None
-    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
-    toleration_seconds: int | None = None
+    """A Pod toleration (same fields as the Pod spec's)."""
+
+    key: str | None = Field(None, max_length=316, description="Taint key; empty with operator Exists matches every taint.")
+    operator: Literal["Exists", "Equal"] | None = Field(None, description="Exists or Equal (the Pod spec's default is Equal).")
+    value: str | None = Field(None, max_length=63, description="Taint value for operator Equal.")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(None, description="Taint effect to match; empty matches all effects.")
+    toleration_seconds: int | None = Field(None, description="For NoExecute: how long the pod stays bound after the taint appears.")
 
 
 class EnvVar(ApiModel):
-    name: str = Field(min_length=1)
-    value: str = ""
+    """A plain environment variable."""
+
+    name: str = Field(min_length=1, max_length=MAX_NAME, description="Variable name.")
+    value: str = Field("", description="Variable value.")
 
 
 class Resources(ApiModel):
     """Container resources, Kubernetes quantities as strings."""
 
-    requests: dict[str, str] = Field(default_factory=dict)
-    limits: dict[str, str] = Field(default_factory=dict)
+    requests: dict[str, str] = Field(default_factory=dict, max_length=32, description="Resource requests, e.g. {cpu: \"4\", memory: 32Gi}.")
+    limits: dict[str, str] = Field(default_factory=dict, max_length=32, description="Resource limits, e.g. {memory: 64Gi}.")
 
 
 class PodMetadata(ApiModel):
-    labels: dict[str, str] = Field(default_factory=dict, description="Extra labels on the pods.")
-    annotations: dict[str, str] = Field(default_factory=dict, description="Extra annotations on the pods.")
+    """Extra metadata for the pods the operator creates."""
+
+    labels: dict[str, str] = Field(default_factory=dict, max_length=64, description="Extra labels on the pods.")
+    annotations: dict[str, str] = Field(default_factory=dict, max_length=64, description="Extra annotations on the pods.")
 
 
 class Placement(ApiModel):
     """Where pods may run. Fields mirror the Pod spec."""
 
-    node_selector: dict[str, str] = Field(default_factory=dict)
-    tolerations: list[Toleration] = Field(default_factory=list)
-    affinity: dict[str, Any] | None = Field(None, json_schema_extra={"x-kubernetes-preserve-unknown-fields": True, "type": "object"})
-    priority_class_name: str | None = None
+    node_selector: dict[str, str] = Field(default_factory=dict, max_length=64, description="Node labels the pods require, e.g. nvidia.com/gpu.product.")
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=64, description="Taints the pods tolerate.")
+    affinity: dict[str, Any] | None = Field(
+        None,
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True, "type": "object"},
+        description="A Pod affinity block (nodeAffinity, podAffinity, podAntiAffinity), passed through unchanged.",
+    )
+    priority_class_name: str | None = Field(None, max_length=MAX_NAME, description="PriorityClass of the pods.")
+
+
+def cell_shape_message(gpus_per_engine: int, gpus_per_node: int) -> str:
+    """The text of the cell-shape rule's messageExpression, for the pydantic mirror."""
+    lower = gpus_per_engine // gpus_per_node * gpus_per_node
+    return (
+        f"spec.inference.gpusPerEngine ({gpus_per_engine}) must be a multiple of spec.inference.gpusPerNode "
+        f"({gpus_per_node}) when it is larger, because a cell spans whole nodes; use {lower} or {lower + gpus_per_node}"
+    )
+
+
+CELL_SHAPE_MSG = (
+    "spec.inference.gpusPerEngine must be a multiple of spec.inference.gpusPerNode when it is larger "
+    "(a cell spans whole nodes); use e.g. 8, 16 or 24 GPUs with 8 per node"
+)
+CELL_SHAPE_MSG_EXPR = (
+    "'spec.inference.gpusPerEngine (' + string(self.gpusPerEngine) + ') must be a multiple of spec.inference.gpusPerNode ('"
+    " + string(self.gpusPerNode) + ') when it is larger, because a cell spans whole nodes; use '"
+    " + string(self.gpusPerEngine / self.gpusPerNode * self.gpusPerNode) + ' or '"
+    " + string((self.gpusPerEngine / self.gpusPerNode + 1) * self.gpusPerNode)"
+)
+TP_PP_PRODUCT_MSG = (
+    "spec.inference.tensorParallelSize x spec.inference.pipelineParallelSize must equal spec.inference.gpusPerEngine "
+    "(every GPU of a cell holds one shard)"
+)
+TP_DIVIDES_MSG = "spec.inference.tensorParallelSize must divide spec.inference.gpusPerEngine"
+NCCL_NEEDS_GPUS_MSG = (
+    "spec.inference.weightUpdate.method nccl needs GPU engines (gpusPerEngine >= 1); use method disk for CPU engines"
+)
+ENGINE_IMMUTABLE_MSG = "spec.inference.engine is immutable; create a new RLJob to switch engines"
+GPUS_PER_ENGINE_IMMUTABLE_MSG = "spec.inference.gpusPerEngine is immutable; create a new RLJob to change the cell shape"
+GPUS_PER_NODE_IMMUTABLE_MSG = "spec.inference.gpusPerNode is immutable; create a new RLJob to change the cell shape"
 
 
 class InferenceSpec(ApiModel):
@@ -173,34 +271,47 @@ class InferenceSpec(ApiModel):
 
     model_config = ApiModel.model_config | {
         "json_schema_extra": cel(
+            {
+                "rule": "self.gpusPerEngine <= self.gpusPerNode || self.gpusPerEngine % self.gpusPerNode == 0",
+                "message": CELL_SHAPE_MSG,
+                "messageExpression": CELL_SHAPE_MSG_EXPR,
+                "fieldPath": ".gpusPerEngine",
+            },
             (
-                "self.gpusPerEngine <= self.gpusPerNode || self.gpusPerEngine % self.gpusPerNode == 0",
-                "spec.inference.gpusPerEngine must be a multiple of spec.inference.gpusPerNode when it is larger (a cell spans whole nodes); use e.g. 8, 16 or 24 GPUs with 8 per node",
-                ".gpusPerEngine",
+                "self.gpusPerEngine == 0 || !has(self.tensorParallelSize) || !has(self.pipelineParallelSize)"
+                " || self.tensorParallelSize * self.pipelineParallelSize == self.gpusPerEngine",
+                TP_PP_PRODUCT_MSG,
+                ".tensorParallelSize",
             ),
-            ("self.engine == oldSelf.engine", "spec.inference.engine is immutable; create a new RLJob to switch engines", ".engine"),
-            ("self.gpusPerEngine == oldSelf.gpusPerEngine", "spec.inference.gpusPerEngine is immutable; create a new RLJob to change the cell shape", ".gpusPerEngine"),
-            ("self.gpusPerNode == oldSelf.gpusPerNode", "spec.inference.gpusPerNode is immutable; create a new RLJob to change the cell shape", ".gpusPerNode"),
+            (
+                "self.gpusPerEngine == 0 || !has(self.tensorParallelSize) || self.gpusPerEngine % self.tensorParallelSize == 0",
+                TP_DIVIDES_MSG,
+                ".tensorParallelSize",
+            ),
+            ("self.weightUpdate.method != 'nccl' || self.gpusPerEngine > 0", NCCL_NEEDS_GPUS_MSG, ".weightUpdate.method"),
+            ("self.engine == oldSelf.engine", ENGINE_IMMUTABLE_MSG, ".engine"),
+            ("self.gpusPerEngine == oldSelf.gpusPerEngine", GPUS_PER_ENGINE_IMMUTABLE_MSG, ".gpusPerEngine"),
+            ("self.gpusPerNode == oldSelf.gpusPerNode", GPUS_PER_NODE_IMMUTABLE_MSG, ".gpusPerNode"),
         )
     }
 
-    engine: Engine = Field(Engine.vllm, description="Inference engine: vllm or sglang.")
-    image: str = Field("vllm/vllm-openai:v0.32.0", min_length=1, description="Engine container image.")
+    engine: Engine = Field(Engine.vllm, description="Inference engine: vllm or sglang. Immutable.")
+    image: str = Field("vllm/vllm-openai:v0.32.0", min_length=1, max_length=MAX_IMAGE, description="Engine container image.")
     replicas: int = Field(1, ge=0, le=1024, description="Number of engine cells (data-parallel engines). Can be changed live.")
-    gpus_per_engine: int = Field(1, ge=0, le=512, description="GPUs of one engine (tensor x pipeline parallel). 0 runs on CPU (local mode, tests).")
-    gpus_per_node: int = Field(8, ge=1, le=64, description="GPUs per node; a cell spans ceil(gpusPerEngine/gpusPerNode) pods.")
-    tensor_parallel_size: int | None = Field(None, ge=1, description="Defaults to min(gpusPerEngine, gpusPerNode).")
-    pipeline_parallel_size: int | None = Field(None, ge=1, description="Defaults to the number of pods in a cell.")
+    gpus_per_engine: int = Field(1, ge=0, le=512, description="GPUs of one engine (tensor x pipeline parallel). 0 runs on CPU (local mode, tests). Immutable.")
+    gpus_per_node: int = Field(8, ge=1, le=64, description="GPUs per node; a cell spans ceil(gpusPerEngine/gpusPerNode) pods. Immutable.")
+    tensor_parallel_size: int | None = Field(None, ge=1, le=512, description="Defaults to min(gpusPerEngine, gpusPerNode).")
+    pipeline_parallel_size: int | None = Field(None, ge=1, le=512, description="Defaults to the number of pods in a cell.")
     port: int = Field(8000, ge=1, le=65535, description="Engine HTTP port.")
-    engine_args: list[str] = Field(default_factory=list, description="Extra engine command-line arguments.")
-    env: list[EnvVar] = Field(default_factory=list, description="Extra engine environment.")
+    engine_args: list[str] = Field(default_factory=list, max_length=MAX_ARGS, description="Extra engine command-line arguments.")
+    env: list[EnvVar] = Field(default_factory=list, max_length=MAX_ENV, description="Extra engine environment.")
     resources: Resources = Field(default_factory=Resources, description="Engine container resources besides GPUs (GPUs come from gpusPerEngine).")
     placement: Placement = Field(default_factory=Placement, description="nodeSelector, tolerations, affinity, priorityClassName of engine pods.")
     pod_metadata: PodMetadata = Field(default_factory=PodMetadata, description="Extra labels/annotations on engine pods.")
-    health_check: HealthCheckSpec = Field(default_factory=HealthCheckSpec)
-    restart_policy: RestartPolicySpec = Field(default_factory=RestartPolicySpec)
-    offload: OffloadSpec = Field(default_factory=OffloadSpec)
-    weight_update: WeightUpdateSpec = Field(default_factory=WeightUpdateSpec)
+    health_check: HealthCheckSpec = Field(default_factory=HealthCheckSpec, description="How engine health is probed.")
+    restart_policy: RestartPolicySpec = Field(default_factory=RestartPolicySpec, description="How unhealthy cells are recreated, and how often at most.")
+    offload: OffloadSpec = Field(default_factory=OffloadSpec, description="Release engine memory during training (needed when spec.trainer.colocate is true).")
+    weight_update: WeightUpdateSpec = Field(default_factory=WeightUpdateSpec, description="How new weights reach the engines.")
     router: RouterSpec | None = Field(None, description="Optional external router; absent means clients use the <job>-engines Service.")
     eval: EvalFleetSpec | None = Field(None, description="Optional eval fleet pinned to a checkpoint.")
 
@@ -216,13 +327,15 @@ class InferenceSpec(ApiModel):
 
     @model_validator(mode="after")
     def _cell_shape(self) -> InferenceSpec:
-        if self.gpus_per_engine > self.gpus_per_node and self.gpus_per_engine % self.gpus_per_node:
-            raise ValueError(
-                "spec.inference.gpusPerEngine must be a multiple of spec.inference.gpusPerNode when it is larger "
-                f"(got {self.gpus_per_engine} and {self.gpus_per_node})"
-            )
-        if self.offload.enabled and not self.offload.tags:
-            raise ValueError("spec.inference.offload.tags must name at least one of weights, kv_cache, cuda_graph")
+        gpus, tp, pp = self.gpus_per_engine, self.tensor_parallel_size, self.pipeline_parallel_size
+        if gpus > self.gpus_per_node and gpus % self.gpus_per_node:
+            raise ValueError(cell_shape_message(gpus, self.gpus_per_node))
+        if gpus and tp is not None and pp is not None and tp * pp != gpus:
+            raise ValueError(TP_PP_PRODUCT_MSG)
+        if gpus and tp is not None and gpus % tp:
+            raise ValueError(TP_DIVIDES_MSG)
+        if self.weight_update.method == WeightUpdateMethod.nccl and gpus == 0:
+            raise ValueError(NCCL_NEEDS_GPUS_MSG)
         return self
 
 
@@ -232,24 +345,32 @@ class DatasetFormat(StrEnum):
 
 
 class DatasetSpec(ApiModel):
-    path: str = Field(min_length=1, description="JSONL or Parquet file of prompts (a path inside the executor pod, or local path in local mode).")
+    """The prompts the executor samples from."""
+
+    path: str = Field(min_length=1, max_length=MAX_PATH, description="JSONL or Parquet file of prompts (a path inside the executor pod, or local path in local mode).")
+    pvc: PvcSource | None = Field(None, description="PVC holding the dataset, mounted at /data in the executor pod; path is then relative to /data.")
     format: DatasetFormat | None = Field(None, description="Defaults to the file extension.")
-    prompt_field: str = Field("prompt", description="Field holding the prompt text.")
-    label_field: str | None = Field("label", description="Field handed to the reward function as the reference answer.")
+    prompt_field: str = Field("prompt", min_length=1, max_length=MAX_NAME, description="Field holding the prompt text.")
+    label_field: str | None = Field("label", max_length=MAX_NAME, description="Field handed to the reward function as the reference answer; null for rewards that need none.")
     shuffle: bool = Field(True, description="Shuffle deterministically each epoch.")
     seed: int = Field(0, description="Seed of the shuffle; the position is saved so a restart resumes.")
 
 
 class SamplingSpec(ApiModel):
-    n_samples_per_prompt: int = Field(8, ge=1, le=1024, description="Samples per prompt (one GRPO group).")
-    max_tokens: int = Field(64, ge=1, description="New tokens per sample.")
+    """How each prompt is sampled."""
+
+    n_samples_per_prompt: int = Field(8, ge=1, le=1024, description="Samples per prompt (one GRPO group; at least 2 for GRPO).")
+    max_tokens: int = Field(64, ge=1, le=1_048_576, description="New tokens per sample.")
     temperature: float = Field(1.0, ge=0, description="Sampling temperature.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling.")
 
 
 class RewardSpec(ApiModel):
+    """The reward function that scores each sample."""
+
     function: str = Field(
         "rollout_executor.rewards:exact_match",
+        max_length=MAX_NAME,
         pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
         description="Import path `module:function` of the reward; built-ins in rollout_executor.rewards: exact_match, regex_match, math_answer, token_set_fraction.",
     )
@@ -264,37 +385,47 @@ class OnWeightUpdate(StrEnum):
 class RayClusterSpec(ApiModel):
     """Run the executor's Ray on a KubeRay RayCluster instead of inside the executor pod."""
 
-    ray_version: str = Field("2.60.0", description="Ray version of the RayCluster.")
-    image: str = Field("rayproject/ray:2.60.0", description="Ray image.")
-    workers: int = Field(0, ge=0, description="CPU worker replicas.")
+    ray_version: str = Field("2.60.0", max_length=64, description="Ray version of the RayCluster.")
+    image: str = Field("rayproject/ray:2.60.0", max_length=MAX_IMAGE, description="Ray image.")
+    workers: int = Field(0, ge=0, le=1024, description="CPU worker replicas.")
 
 
 class RolloutSpec(ApiModel):
-    image: str = Field("ghcr.io/rljob/rollout-executor:0.1.0", min_length=1, description="RolloutExecutor image.")
-    resources: Resources = Field(default_factory=Resources)
-    dataset: DatasetSpec
-    sampling: SamplingSpec = Field(default_factory=SamplingSpec)
-    reward: RewardSpec = Field(default_factory=RewardSpec)
-    batch_size: int = Field(8, ge=1, description="Prompts per rollout (samples per rollout = batchSize x nSamplesPerPrompt).")
-    max_staleness: int = Field(1, ge=0, description="How many weight versions a sample may lag behind the current version when handed to a trainer.")
-    concurrency: int = Field(16, ge=1, description="In-flight generation requests per engine.")
+    """The RolloutExecutor: generation against the serving engines, scoring, batches for the trainers."""
+
+    image: str = Field("ghcr.io/rljob/rollout-executor:0.1.0", min_length=1, max_length=MAX_IMAGE, description="RolloutExecutor image.")
+    resources: Resources = Field(default_factory=Resources, description="Executor container resources.")
+    dataset: DatasetSpec = Field(description="Prompts to sample from.")
+    sampling: SamplingSpec = Field(default_factory=SamplingSpec, description="Samples per prompt, length and temperature.")
+    reward: RewardSpec = Field(default_factory=RewardSpec, description="Reward function.")
+    batch_size: int = Field(8, ge=1, le=65536, description="Prompts per rollout (samples per rollout = batchSize x nSamplesPerPrompt).")
+    max_staleness: int = Field(1, ge=0, le=1024, description="How many weight versions a sample may lag behind the current version when handed to a trainer.")
+    concurrency: int = Field(16, ge=1, le=65536, description="In-flight generation requests per engine.")
     on_weight_update: OnWeightUpdate = Field(OnWeightUpdate.drain, description="drain: finish in-flight requests first; abort: abort and retry them on the new weights.")
     ray_cluster: RayClusterSpec | None = Field(None, description="Optional KubeRay RayCluster for the executor.")
 
 
 class ReferenceTrainerSpec(ApiModel):
-    """The bundled torch trainer (GRPO/REINFORCE)."""
+    """The bundled torch trainer (GRPO/REINFORCE), used when spec.trainer.command and workloadRef are unset."""
 
     steps: int = Field(50, ge=1, description="Training steps (one rollout each).")
-    learning_rate: float = Field(1e-3, gt=0)
-    algorithm: Literal["grpo", "reinforce"] = "grpo"
+    learning_rate: float = Field(1e-3, gt=0, description="Adam learning rate.")
+    algorithm: Literal["grpo", "reinforce"] = Field("grpo", description="grpo: advantages normalised within each prompt's group of samples; reinforce: reward minus the batch mean.")
     save_every: int = Field(0, ge=0, description="Checkpoint every N steps (0: only weight-sync files).")
 
 
 class WorkloadRef(ApiModel):
-    api_version: str = Field(min_length=1)
-    kind: str = Field(min_length=1)
-    name: str = Field(min_length=1)
+    """A Kubernetes object that runs the trainer (e.g. a PyTorchJob or JobSet)."""
+
+    api_version: str = Field(min_length=1, max_length=MAX_NAME, description="apiVersion of the workload, e.g. kubeflow.org/v1.")
+    kind: str = Field(min_length=1, max_length=63, description="Kind of the workload, e.g. PyTorchJob.")
+    name: str = Field(min_length=1, max_length=MAX_NAME, description="Name of the workload in the RLJob's namespace.")
+
+
+TRAINER_EXCLUSIVE_MSG = (
+    "spec.trainer.workloadRef and spec.trainer.command exclude each other: set workloadRef (you run the trainer) "
+    "or command (the operator runs it), not both"
+)
 
 
 class TrainerSpec(ApiModel):
@@ -302,32 +433,94 @@ class TrainerSpec(ApiModel):
 
     model_config = ApiModel.model_config | {
         "json_schema_extra": cel(
-            ("!(has(self.workloadRef) && has(self.command))", "spec.trainer: set either workloadRef (you run the trainer) or command/image (the operator runs it), not both"),
+            ("!(has(self.workloadRef) && has(self.command))", TRAINER_EXCLUSIVE_MSG, ".workloadRef"),
         )
     }
 
-    image: str = Field("ghcr.io/rljob/trainer:0.1.0", min_length=1)
+    image: str = Field("ghcr.io/rljob/trainer:0.1.0", min_length=1, max_length=MAX_IMAGE, description="Trainer container image.")
     replicas: int = Field(1, ge=0, le=4096, description="Trainer pods (WORLD_SIZE). Can be changed live.")
-    gpus_per_replica: int = Field(8, ge=0, le=64)
-    command: list[str] | None = Field(None, description="Trainer command; defaults to the reference trainer.")
-    args: list[str] = Field(default_factory=list)
-    env: list[EnvVar] = Field(default_factory=list)
-    resources: Resources = Field(default_factory=Resources)
-    placement: Placement = Field(default_factory=Placement)
-    pod_metadata: PodMetadata = Field(default_factory=PodMetadata)
-    service_account_name: str | None = Field(None, description="ServiceAccount of trainer pods; it must be allowed `update` on rljobs/control.")
-    colocate: bool = Field(False, description="Trainer shares GPUs with engines (offload engines during training).")
-    reference: ReferenceTrainerSpec = Field(default_factory=ReferenceTrainerSpec)
+    gpus_per_replica: int = Field(8, ge=0, le=64, description="GPUs of each trainer pod (0: CPU).")
+    command: list[str] | None = Field(None, max_length=MAX_ARGS, description="Trainer command; defaults to the reference trainer.")
+    args: list[str] = Field(default_factory=list, max_length=MAX_ARGS, description="Arguments appended to the command.")
+    env: list[EnvVar] = Field(default_factory=list, max_length=MAX_ENV, description="Extra trainer environment (RANK, WORLD_SIZE, MASTER_ADDR... are injected).")
+    resources: Resources = Field(default_factory=Resources, description="Trainer container resources besides GPUs.")
+    placement: Placement = Field(default_factory=Placement, description="nodeSelector, tolerations, affinity, priorityClassName of trainer pods.")
+    pod_metadata: PodMetadata = Field(default_factory=PodMetadata, description="Extra labels/annotations on trainer pods.")
+    service_account_name: str | None = Field(None, max_length=MAX_NAME, description="ServiceAccount of trainer pods; it must be allowed `update` on rljobs/control.")
+    colocate: bool = Field(False, description="Trainer shares GPUs with engines; requires spec.inference.offload.enabled.")
+    reference: ReferenceTrainerSpec = Field(default_factory=ReferenceTrainerSpec, description="Settings of the bundled reference trainer.")
     workload_ref: WorkloadRef | None = Field(None, description="A trainer workload you run yourself (then no trainer pods are created).")
+
+    @property
+    def uses_reference_trainer(self) -> bool:
+        """True when the operator runs the bundled trainer (no command of your own, no workload of your own)."""
+        return self.command is None and self.workload_ref is None
+
+    @model_validator(mode="after")
+    def _one_trainer(self) -> TrainerSpec:
+        if self.workload_ref is not None and self.command is not None:
+            raise ValueError(TRAINER_EXCLUSIVE_MSG)
+        return self
+
+
+COLOCATE_NEEDS_OFFLOAD_MSG = (
+    "spec.trainer.colocate requires spec.inference.offload.enabled: true "
+    "(engines must release GPU memory while the trainer uses the same GPUs)"
+)
+GRPO_GROUP_MSG = (
+    "spec.rollout.sampling.nSamplesPerPrompt must be at least 2 for the reference GRPO trainer "
+    "(advantages are normalised within each prompt's group, a group of one never learns); "
+    "or set spec.trainer.reference.algorithm: reinforce"
+)
 
 
 class RLJobSpec(ApiModel):
-    model: ModelSpec
-    inference: InferenceSpec
-    rollout: RolloutSpec
-    trainer: TrainerSpec = Field(default_factory=TrainerSpec)
+    """One RL post-training run: an engine fleet, a rollout executor and trainers."""
+
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": cel(
+            ("!self.trainer.colocate || self.inference.offload.enabled", COLOCATE_NEEDS_OFFLOAD_MSG, ".trainer.colocate"),
+            (
+                "has(self.trainer.command) || has(self.trainer.workloadRef) || self.trainer.reference.algorithm != 'grpo'"
+                " || self.rollout.sampling.nSamplesPerPrompt >= 2",
+                GRPO_GROUP_MSG,
+                ".rollout.sampling.nSamplesPerPrompt",
+            ),
+        )
+    }
+
+    model: ModelSpec = Field(description="The policy's initial weights. Immutable.")
+    inference: InferenceSpec = Field(description="The inference engine fleet.")
+    rollout: RolloutSpec = Field(description="The rollout executor: dataset, sampling, reward.")
+    trainer: TrainerSpec = Field(default_factory=TrainerSpec, description="The trainer workload.")
     suspend: bool = Field(False, description="Delete engine and trainer pods but keep the job (Kueue-compatible); false again recreates them.")
     ttl_seconds_after_finished: int | None = Field(None, ge=0, description="Delete the job this long after it Succeeded or Failed.")
+
+    @model_validator(mode="after")
+    def _coherent(self) -> RLJobSpec:
+        if self.trainer.colocate and not self.inference.offload.enabled:
+            raise ValueError(COLOCATE_NEEDS_OFFLOAD_MSG)
+        if (
+            self.trainer.uses_reference_trainer
+            and self.trainer.reference.algorithm == "grpo"
+            and self.rollout.sampling.n_samples_per_prompt < 2
+        ):
+            raise ValueError(GRPO_GROUP_MSG)
+        return self
+
+    def validate_update(self, old: RLJobSpec) -> None:
+        """The CRD's transition rules (immutable fields) for callers without an API server.
+
+        Raises ValueError with the same message the API server gives.
+        """
+        if self.model != old.model:
+            raise ValueError(MODEL_IMMUTABLE_MSG)
+        if self.inference.engine != old.inference.engine:
+            raise ValueError(ENGINE_IMMUTABLE_MSG)
+        if self.inference.gpus_per_engine != old.inference.gpus_per_engine:
+            raise ValueError(GPUS_PER_ENGINE_IMMUTABLE_MSG)
+        if self.inference.gpus_per_node != old.inference.gpus_per_node:
+            raise ValueError(GPUS_PER_NODE_IMMUTABLE_MSG)
 
 
 class RLJobManifest(ApiModel):

@@ -42,58 +42,62 @@ class ConditionType(StrEnum):
 
 
 class Condition(ApiModel):
-    type: str
-    status: str = Field(pattern="^(True|False|Unknown)$")
-    reason: str = ""
-    message: str = ""
-    last_transition_time: str | None = None
-    observed_generation: int | None = None
+    """A Kubernetes-style condition (same fields as metav1.Condition)."""
+
+    type: str = Field(description="Ready, EnginesHealthy, Progressing, Suspended or Failed.")
+    status: str = Field(pattern="^(True|False|Unknown)$", description="True, False or Unknown.")
+    reason: str = Field("", description="CamelCase reason of the last transition.")
+    message: str = Field("", description="What happened, for a person.")
+    last_transition_time: str | None = Field(None, description="When status last changed (RFC 3339).")
+    observed_generation: int | None = Field(None, description="metadata.generation the condition was computed from.")
 
 
 class EngineStatus(ApiModel):
     """One engine cell as `kubectl describe` shows it."""
 
-    name: str
-    index: int = 0
-    state: CellState = CellState.Pending
+    name: str = Field(description="Cell name, <job>-engine-<index>.")
+    index: int = Field(0, description="Cell index in the fleet.")
+    state: CellState = Field(CellState.Pending, description="Pending, Starting, PendingWeights, Serving, Offloaded, Unhealthy or Failed.")
     generation: int = Field(0, description="Bumped on every recreation; a window snapshot remembers it.")
-    pods: list[str] = Field(default_factory=list)
-    endpoint: str | None = None
+    pods: list[str] = Field(default_factory=list, description="Pods of the cell (several for a multi-node cell).")
+    endpoint: str | None = Field(None, description="Base URL of the cell's engine HTTP API.")
     memory: list[str] = Field(default_factory=list, description="Memory tags currently released (offloaded).")
     state_before_offload: CellState | None = Field(None, description="The state an Offloaded cell returns to once its weights are onloaded.")
-    weight_version: str | None = None
-    consecutive_failures: int = 0
-    restarts: int = 0
+    weight_version: str | None = Field(None, description="Weight version the engine reports.")
+    consecutive_failures: int = Field(0, description="Failed health probes in a row.")
+    restarts: int = Field(0, description="Recreations so far (counted against spec.inference.restartPolicy.maxRestarts).")
     pod_restarts: int = Field(0, description="Container restarts last observed on the cell's pods; an increase means the engine lost its weights.")
-    last_probe_time: str | None = None
-    last_transition_time: str | None = None
+    last_probe_time: str | None = Field(None, description="When the cell was last probed (RFC 3339).")
+    last_transition_time: str | None = Field(None, description="When the state last changed (RFC 3339).")
     next_restart_time: str | None = Field(None, description="When a backed-off recreation is due.")
-    message: str = ""
+    message: str = Field("", description="Why the cell is in its state, for a person.")
 
 
 class LockStatus(ApiModel):
     """The controller lock held by an open weight-update window."""
 
-    holder: str
-    since: str
-    expires: str
+    holder: str = Field(description="Who holds the lock (the caller's identity).")
+    since: str = Field(description="When the window opened (RFC 3339).")
+    expires: str = Field(description="When the window is aborted unless ended first (RFC 3339).")
     snapshot: dict[str, int] = Field(default_factory=dict, description="cell name -> generation at window start.")
-    weights_checksums: dict[str, dict[str, str]] | None = None
+    weights_checksums: dict[str, dict[str, str]] | None = Field(None, description="cell name -> parameter -> checksum before the update (spec.inference.weightUpdate.checkWeights).")
 
 
 class RLJobStatus(ApiModel):
+    """What the operator observed and did; written by the operator alone."""
+
     model_config = ApiModel.model_config | {"extra": "ignore"}
 
-    phase: Phase = Phase.Pending
-    conditions: list[Condition] = Field(default_factory=list)
-    observed_generation: int | None = None
-    engines: list[EngineStatus] = Field(default_factory=list)
-    weight_version: str | None = None
-    rollout_id: int | None = None
-    lock: LockStatus | None = None
-    ready_engines: int = 0
-    total_engines: int = 0
+    phase: Phase = Field(Phase.Pending, description="Pending, Starting, Running, Suspended, Succeeded or Failed.")
+    conditions: list[Condition] = Field(default_factory=list, description="Ready, EnginesHealthy, Progressing, Suspended, Failed.")
+    observed_generation: int | None = Field(None, description="metadata.generation the status was computed from.")
+    engines: list[EngineStatus] = Field(default_factory=list, description="One entry per engine cell.")
+    weight_version: str | None = Field(None, description="Weight version the serving engines hold.")
+    rollout_id: int | None = Field(None, description="Last rollout handed to the trainers.")
+    lock: LockStatus | None = Field(None, description="The open weight-update window, if any.")
+    ready_engines: int = Field(0, description="Cells Serving.")
+    total_engines: int = Field(0, description="Cells desired.")
     ready: str = Field("0/0", description="ready/total engine cells, for the printer column.")
-    restarts_total: int = 0
-    start_time: str | None = None
-    completion_time: str | None = None
+    restarts_total: int = Field(0, description="Cell recreations over the job's life.")
+    start_time: str | None = Field(None, description="When the job started (RFC 3339).")
+    completion_time: str | None = Field(None, description="When the job Succeeded or Failed (RFC 3339).")

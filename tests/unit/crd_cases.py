@@ -1,0 +1,156 @@
+"""Tables of impossible RLJob specs, shared by the CEL, pydantic and API-server tests.
+
+Each case edits a valid manifest (the 8-GPU example) and names the field the error must
+name and the message it must carry; the same table runs through cel-python
+(tests/unit/test_cel_rules.py), pydantic (local mode) and a real kube-apiserver
+(tests/integration/test_crd_apiserver.py), so the three cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from controller_runtime.api import spec as S
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((REPO_ROOT / "examples").glob("*.yaml"))
+BASE_EXAMPLE = REPO_ROOT / "examples" / "llama-8b-8gpu.yaml"
+DELETE = object()
+
+
+def load_manifest(path: Path = BASE_EXAMPLE) -> dict[str, Any]:
+    return yaml.safe_load(path.read_text())
+
+
+def edited(manifest: dict[str, Any], edits: dict[str, Any]) -> dict[str, Any]:
+    """A copy of the manifest with `{"spec.a.b": value}` edits applied (DELETE removes the key)."""
+    out = copy.deepcopy(manifest)
+    for dotted, value in edits.items():
+        *parents, leaf = dotted.split(".")
+        node = out
+        for key in parents:
+            node = node.setdefault(key, {})
+        if value is DELETE:
+            node.pop(leaf, None)
+        else:
+            node[leaf] = copy.deepcopy(value)
+    return out
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    edits: dict[str, Any]
+    field: str  # the path the API server's error names, e.g. spec.inference.gpusPerEngine
+    message: str
+    old_edits: dict[str, Any] | None = field(default=None)  # for transition cases: the stored object
+
+    def manifest(self) -> dict[str, Any]:
+        return edited(load_manifest(), self.edits)
+
+    def old_manifest(self) -> dict[str, Any]:
+        return edited(load_manifest(), self.old_edits or {})
+
+
+INVALID = [
+    Case(
+        "cell-not-whole-nodes",
+        {"spec.inference.gpusPerEngine": 12, "spec.inference.gpusPerNode": 8, "spec.inference.tensorParallelSize": DELETE},
+        "spec.inference.gpusPerEngine",
+        S.cell_shape_message(12, 8),
+    ),
+    Case(
+        "cell-not-whole-nodes-small-nodes",
+        {"spec.inference.gpusPerEngine": 6, "spec.inference.gpusPerNode": 4, "spec.inference.tensorParallelSize": DELETE},
+        "spec.inference.gpusPerEngine",
+        "spec.inference.gpusPerEngine (6) must be a multiple of spec.inference.gpusPerNode (4) when it is larger, "
+        "because a cell spans whole nodes; use 4 or 8",
+    ),
+    Case("model-without-source", {"spec.model": {"tokenizer": "/tok"}}, "spec.model", S.MODEL_SOURCE_MSG),
+    Case(
+        "offload-enabled-without-tags",
+        {"spec.inference.offload": {"enabled": True, "tags": []}},
+        "spec.inference.offload.tags",
+        S.OFFLOAD_TAGS_MSG,
+    ),
+    Case(
+        "trainer-workload-and-command",
+        {
+            "spec.trainer.workloadRef": {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "t"},
+            "spec.trainer.command": ["python", "train.py"],
+        },
+        "spec.trainer.workloadRef",
+        S.TRAINER_EXCLUSIVE_MSG,
+    ),
+    Case("colocate-without-offload", {"spec.trainer.colocate": True}, "spec.trainer.colocate", S.COLOCATE_NEEDS_OFFLOAD_MSG),
+    Case(
+        "grpo-group-of-one",
+        {"spec.rollout.sampling.nSamplesPerPrompt": 1},
+        "spec.rollout.sampling.nSamplesPerPrompt",
+        S.GRPO_GROUP_MSG,
+    ),
+    Case(
+        "tp-times-pp-not-gpus",
+        {"spec.inference.tensorParallelSize": 2, "spec.inference.pipelineParallelSize": 2},
+        "spec.inference.tensorParallelSize",
+        S.TP_PP_PRODUCT_MSG,
+    ),
+    Case("tp-does-not-divide", {"spec.inference.tensorParallelSize": 4}, "spec.inference.tensorParallelSize", S.TP_DIVIDES_MSG),
+    Case(
+        "nccl-on-cpu",
+        {"spec.inference.gpusPerEngine": 0, "spec.inference.weightUpdate.method": "nccl"},
+        "spec.inference.weightUpdate.method",
+        S.NCCL_NEEDS_GPUS_MSG,
+    ),
+    Case(
+        "backoff-above-max",
+        {"spec.inference.restartPolicy.backoffSeconds": 600},
+        "spec.inference.restartPolicy.backoffSeconds",
+        S.RESTART_BACKOFF_MSG,
+    ),
+]
+
+# Variations near the rules that must stay valid.
+VALID_EDITS = {
+    "two-node-cell": {"spec.inference.gpusPerEngine": 16, "spec.inference.tensorParallelSize": 8},
+    "cell-smaller-than-node": {"spec.inference.gpusPerEngine": 3, "spec.inference.tensorParallelSize": DELETE},
+    "cpu-engines": {"spec.inference.gpusPerEngine": 0},
+    "tp-times-pp": {"spec.inference.gpusPerEngine": 16, "spec.inference.tensorParallelSize": 8, "spec.inference.pipelineParallelSize": 2},
+    "offload-disabled-without-tags": {"spec.inference.offload": {"enabled": False, "tags": []}},
+    "colocate-with-offload": {"spec.trainer.colocate": True, "spec.inference.offload": {"enabled": True}},
+    "reinforce-group-of-one": {"spec.rollout.sampling.nSamplesPerPrompt": 1, "spec.trainer.reference.algorithm": "reinforce"},
+    "own-trainer-group-of-one": {"spec.rollout.sampling.nSamplesPerPrompt": 1, "spec.trainer.command": ["python", "t.py"]},
+    "workload-ref-only": {
+        "spec.trainer.workloadRef": {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "t"},
+    },
+    "backoff-equals-max": {"spec.inference.restartPolicy.backoffSeconds": 300},
+    "integer-valued-seconds": {"spec.inference.healthCheck.intervalSeconds": 10, "spec.inference.healthCheck.timeoutSeconds": 2.5},
+}
+
+# Updates of a stored object (old_edits) to a new one (edits).
+IMMUTABLE = [
+    Case("engine-changed", {"spec.inference.engine": "sglang"}, "spec.inference.engine", S.ENGINE_IMMUTABLE_MSG),
+    Case(
+        "gpus-per-engine-changed",
+        {"spec.inference.gpusPerEngine": 4, "spec.inference.tensorParallelSize": 4},
+        "spec.inference.gpusPerEngine",
+        S.GPUS_PER_ENGINE_IMMUTABLE_MSG,
+    ),
+    Case("gpus-per-node-changed", {"spec.inference.gpusPerNode": 4}, "spec.inference.gpusPerNode", S.GPUS_PER_NODE_IMMUTABLE_MSG),
+    Case("model-changed", {"spec.model.pvc.subPath": "Llama-3.1-8B"}, "spec.model", S.MODEL_IMMUTABLE_MSG),
+    Case("model-tokenizer-changed", {"spec.model.tokenizer": "/models/tok"}, "spec.model", S.MODEL_IMMUTABLE_MSG),
+]
+
+# Updates that must be accepted.
+MUTABLE_EDITS = {
+    "scale-engines": {"spec.inference.replicas": 8},
+    "scale-trainers": {"spec.trainer.replicas": 2},
+    "suspend": {"spec.suspend": True},
+    "more-steps": {"spec.trainer.reference.steps": 1000},
+    "engine-written-as-its-default": {"spec.inference.gpusPerNode": 8},
+}

@@ -1,0 +1,173 @@
+"""crds/rljob.yaml: generated from the pydantic models, current, structural, and what kubectl shows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from pydantic import BaseModel
+from rljob_operator import crdgen
+from rljob_operator.structural import apply_defaults, walk
+
+from controller_runtime.api import RLJobSpec
+
+
+@pytest.fixture(scope="module")
+def crd() -> dict[str, Any]:
+    return crdgen.build_crd()
+
+
+@pytest.fixture(scope="module")
+def schema(crd: dict[str, Any]) -> dict[str, Any]:
+    return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+def test_committed_crd_is_current() -> None:
+    committed = crdgen.CRD_PATH.read_text() if crdgen.CRD_PATH.exists() else ""
+    assert committed == crdgen.render(crdgen.build_crd()), (
+        f"crds/rljob.yaml is stale: regenerate it with `{crdgen.REGENERATE}` and commit it"
+    )
+
+
+def test_check_mode_fails_on_a_stale_file_and_passes_on_a_fresh_one(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "rljob.yaml"
+    out.write_text("stale\n")
+    assert crdgen.main(["--check", "--output", str(out)]) == 1
+    assert crdgen.REGENERATE in capsys.readouterr().err
+    assert crdgen.main(["--output", str(out)]) == 0
+    assert crdgen.main(["--check", "--output", str(out)]) == 0
+
+
+def test_generation_is_byte_identical() -> None:
+    assert crdgen.render(crdgen.build_crd()) == crdgen.render(crdgen.build_crd())
+
+
+def test_file_is_one_plain_yaml_document() -> None:
+    text = crdgen.render(crdgen.build_crd())
+    assert "&id" not in text and "*id" not in text, "no YAML anchors: kubectl users read this file"
+    (doc,) = list(yaml.safe_load_all(text))
+    assert doc["kind"] == "CustomResourceDefinition"
+
+
+def test_names_scope_and_version(crd: dict[str, Any]) -> None:
+    spec = crd["spec"]
+    assert crd["metadata"]["name"] == "rljobs.rljob.io"
+    assert spec["group"] == "rljob.io"
+    assert spec["scope"] == "Namespaced"
+    assert spec["names"] == {
+        "kind": "RLJob", "listKind": "RLJobList", "plural": "rljobs", "singular": "rljob",
+        "shortNames": ["rlj"], "categories": ["rljob"],
+    }
+    (version,) = spec["versions"]
+    assert (version["name"], version["served"], version["storage"]) == ("v1alpha1", True, True)
+    assert version["subresources"] == {"status": {}}
+
+
+def test_printer_columns(crd: dict[str, Any]) -> None:
+    columns = {(c["name"], c["type"], c["jsonPath"]) for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]}
+    assert columns == {
+        ("Phase", "string", ".status.phase"),
+        ("Ready", "string", ".status.ready"),
+        ("Weights", "string", ".status.weightVersion"),
+        ("Rollout", "integer", ".status.rolloutId"),
+        ("Age", "date", ".metadata.creationTimestamp"),
+    }
+
+
+def test_printer_columns_point_at_status_fields(schema: dict[str, Any], crd: dict[str, Any]) -> None:
+    status = schema["properties"]["status"]["properties"]
+    for column in crd["spec"]["versions"][0]["additionalPrinterColumns"]:
+        root, _, name = column["jsonPath"].lstrip(".").partition(".")
+        if root == "status":
+            assert name in status, column
+            want = "integer" if column["type"] == "integer" else "string"
+            assert status[name]["type"] == want, column
+
+
+FORBIDDEN_KEYS = {"$ref", "$defs", "anyOf", "oneOf", "allOf", "not", "title", "const", "definitions"}
+
+
+def test_schema_is_structural(schema: dict[str, Any]) -> None:
+    """What the API server demands of a structural schema (apiextensions validation)."""
+    for path, node in walk(schema):
+        assert not FORBIDDEN_KEYS & set(node), f"{path}: {FORBIDDEN_KEYS & set(node)}"
+        assert "type" in node or node.get("x-kubernetes-preserve-unknown-fields"), f"{path} has no type"
+        extra = node.get("additionalProperties")
+        assert extra is None or isinstance(extra, dict), f"{path}: additionalProperties must be a schema"
+        assert not (extra is not None and "properties" in node), f"{path}: properties and additionalProperties"
+        for bound in ("exclusiveMinimum", "exclusiveMaximum"):
+            assert isinstance(node.get(bound, True), bool), f"{path}: {bound} must be a bool in OpenAPI v3.0"
+        if "nullable" in node:
+            assert "type" in node, path
+    assert set(schema["properties"]["metadata"]) == {"type"}, "metadata may only say type: object"
+
+
+def test_unknown_fields_are_not_preserved_in_spec(schema: dict[str, Any]) -> None:
+    """Only free-form blocks keep unknown fields; everything else is pruned (and rejected by kubectl)."""
+    preserved = {path for path, node in walk(schema["properties"]["spec"]) if node.get("x-kubernetes-preserve-unknown-fields")}
+    assert preserved == {".inference.placement.affinity", ".trainer.placement.affinity", ".rollout.reward.args"}
+
+
+def test_every_spec_and_status_field_is_described(schema: dict[str, Any]) -> None:
+    missing = [
+        path for part in ("spec", "status")
+        for path, node in walk(schema["properties"][part], part)
+        if not path.endswith("[]") and not path.endswith("{}") and not node.get("description")
+    ]
+    assert missing == []
+
+
+def test_crd_defaults_equal_pydantic_defaults(schema: dict[str, Any]) -> None:
+    """The API server fills a minimal spec exactly as local mode does."""
+    minimal = {"model": {"path": "/m"}, "inference": {}, "rollout": {"dataset": {"path": "/d.jsonl"}}}
+    defaulted = apply_defaults(minimal, schema["properties"]["spec"])
+    assert RLJobSpec.model_validate(defaulted) == RLJobSpec.model_validate(minimal)
+    assert defaulted["inference"]["healthCheck"]["failureThreshold"] == 3
+    assert defaulted["inference"]["offload"]["tags"] == ["weights", "kv_cache", "cuda_graph"]
+    assert "placement" not in defaulted["inference"], "empty blocks get no default: absent means empty"
+
+
+def test_null_kept_only_where_it_differs_from_unset(schema: dict[str, Any]) -> None:
+    """labelField: null means "no label"; other nulls mean "unset" and are pruned, as pydantic treats None."""
+    nullable = {path for path, node in walk(schema["properties"]["spec"]) if node.get("nullable")}
+    assert nullable == {".rollout.dataset.labelField"}
+    dataset = apply_defaults({"path": "/d", "labelField": None, "format": None},
+                             schema["properties"]["spec"]["properties"]["rollout"]["properties"]["dataset"])
+    assert dataset["labelField"] is None
+    assert "format" not in dataset
+
+
+def test_cel_rules_sit_outside_lists_or_under_bounded_ones(schema: dict[str, Any]) -> None:
+    """The API server multiplies a rule's cost by how often it can run; transition rules need no list above."""
+    for path, node in walk(schema):
+        if not node.get("x-kubernetes-validations"):
+            continue
+        assert "[]" not in path and "{}" not in path, f"{path}: rules under a list or map need maxItems bounds"
+        for rule in node["x-kubernetes-validations"]:
+            assert rule["message"] and len(rule["message"]) < 400
+
+
+def test_strings_compared_by_transition_rules_are_bounded(schema: dict[str, Any]) -> None:
+    """`self == oldSelf` on spec.model costs as much as its longest string may be."""
+    for path, node in walk(schema["properties"]["spec"]["properties"]["model"], "spec.model"):
+        if node.get("type") == "string":
+            assert "maxLength" in node, path
+
+
+def test_every_model_field_reaches_the_schema(schema: dict[str, Any]) -> None:
+    """No field silently lost in conversion."""
+
+    def names(model: type[BaseModel]) -> set[str]:
+        return {f.alias or n for n, f in model.model_fields.items()}
+
+    assert set(schema["properties"]["spec"]["properties"]) == names(RLJobSpec)
+
+
+def test_unions_other_than_optional_are_refused() -> None:
+    class Bad(BaseModel):
+        x: int | str
+
+    with pytest.raises(crdgen.UnsupportedSchema, match="anyOf"):
+        crdgen.structural_schema(Bad, keep_defaults=True)
