@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 from pydantic import BaseModel
-from rljob_operator import crdgen
+from rljob_operator import apidoc, crdgen
 from rljob_operator.structural import apply_defaults, walk
 
 from controller_runtime.api import RLJobSpec
@@ -171,3 +171,36 @@ def test_unions_other_than_optional_are_refused() -> None:
 
     with pytest.raises(crdgen.UnsupportedSchema, match="anyOf"):
         crdgen.structural_schema(Bad, keep_defaults=True)
+
+
+def test_committed_api_reference_is_current() -> None:
+    committed = apidoc.DOC_PATH.read_text() if apidoc.DOC_PATH.exists() else ""
+    assert committed == apidoc.render(), (
+        f"docs/api-reference.md is stale: regenerate it with `{apidoc.REGENERATE}` and commit it"
+    )
+
+
+def test_api_reference_check_mode(tmp_path: Path) -> None:
+    out = tmp_path / "ref.md"
+    assert apidoc.main(["--check", "--output", str(out)]) == 1
+    assert apidoc.main(["--output", str(out)]) == 0
+    assert apidoc.main(["--check", "--output", str(out)]) == 0
+
+
+def test_api_reference_covers_every_field_and_rule(schema: dict[str, Any]) -> None:
+    text = apidoc.render(schema)
+    for part in ("spec", "status"):
+        for path, node in walk(schema["properties"][part], part):
+            if "properties" in node:
+                assert f"### `{path}`" in text, path
+                for name in node["properties"]:
+                    assert f"`{name}`" in text, f"{path}.{name}"
+            for rule in node.get("x-kubernetes-validations", []):
+                assert rule["rule"].replace("|", "\\|") in text
+                assert rule["message"].replace("<", "&lt;").replace(">", "&gt;") in text
+
+
+def test_api_reference_shows_defaults_and_bounds() -> None:
+    text = apidoc.render()
+    row = next(line for line in text.splitlines() if line.startswith("| `gpusPerNode` |"))
+    assert "`8`" in row and "≥ 1" in row and "≤ 64" in row and "Immutable" in row
