@@ -1,0 +1,621 @@
+"""InferenceController against the in-memory platform and engines, with a fake clock."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from controller_runtime.api.spec import (
+    HealthCheckSpec,
+    InferenceSpec,
+    MemoryTag,
+    RestartPolicySpec,
+    WeightUpdateSpec,
+)
+from controller_runtime.api.status import CellState, RLJobStatus
+from controller_runtime.audit import AuditLog, read_audit_log
+from controller_runtime.clock import FakeClock
+from controller_runtime.controller import InferenceController
+from controller_runtime.errors import LockHeld, SnapshotMismatch, WeightCheckMismatch
+from controller_runtime.events import ControllerEvent, Reason
+from controller_runtime.fakes import FakeEngine, FakeEngines, FakePlatform, settle
+from controller_runtime.ports import CellRequest
+from controller_runtime.window import NoReadyEngines
+
+S = CellState
+T = TypeVar("T")
+JOB = "demo"
+
+
+def spec(replicas: int = 2, **kw: Any) -> InferenceSpec:
+    return InferenceSpec(
+        replicas=replicas,
+        gpus_per_engine=kw.pop("gpus_per_engine", 2),
+        health_check=HealthCheckSpec(interval_seconds=10, timeout_seconds=5, failure_threshold=2,
+                                     startup_deadline_seconds=kw.pop("startup_deadline", 1800)),
+        restart_policy=RestartPolicySpec(backoff_seconds=5, max_backoff_seconds=300,
+                                         max_restarts=kw.pop("max_restarts", 3)),
+        weight_update=WeightUpdateSpec(lock_timeout_seconds=600, check_weights=kw.pop("check_weights", False)),
+        **kw,
+    )
+
+
+@dataclass
+class Harness:
+    ctrl: InferenceController
+    platform: FakePlatform
+    engines: FakeEngines
+    clock: FakeClock
+    events: list[ControllerEvent] = field(default_factory=list)
+
+    def engine(self, index: int) -> FakeEngine:
+        name = f"{JOB}-cell-{index}"
+        return self.engines(FakePlatform.endpoint_of(name, self.platform.cells[name].request.generation))
+
+    def cell(self, index: int):
+        return self.ctrl.cells[f"{JOB}-cell-{index}"]
+
+    def reasons(self) -> list[str]:
+        return [e.reason for e in self.events]
+
+    def states(self) -> list[CellState]:
+        return [c.state for c in sorted(self.ctrl.cells.values(), key=lambda c: c.index)]
+
+    def new_controller(self, **kw: Any) -> InferenceController:
+        return InferenceController(JOB, kw.pop("spec", self.ctrl.spec), self.platform, self.engines,
+                                   clock=self.clock, on_event=self.events.append, **kw)
+
+
+def harness(replicas: int = 2, *, serve_initial_weights: bool = False, audit: AuditLog | None = None,
+            platform: FakePlatform | None = None, **kw: Any) -> Harness:
+    clock = FakeClock()
+    h = Harness(None, platform or FakePlatform(), FakeEngines(), clock)  # type: ignore[arg-type]
+    h.ctrl = InferenceController(JOB, spec(replicas, **kw), h.platform, h.engines, clock=clock, audit=audit,
+                                 on_event=h.events.append, serve_initial_weights=serve_initial_weights,
+                                 flush_retry_seconds=1.0)
+    return h
+
+
+async def with_clock(clock: FakeClock, call: Awaitable[T], step: float = 1.0) -> T:
+    """Run `call`, advancing the fake clock while it sleeps (bounded: fails rather than hangs)."""
+    task = asyncio.ensure_future(call)
+    for _ in range(10_000):
+        if task.done():
+            return task.result()
+        await clock.advance(step)
+    task.cancel()
+    raise AssertionError("call did not finish")
+
+
+async def bring_up(h: Harness) -> None:
+    await settle(h.ctrl, passes=3)
+
+
+async def serve(h: Harness, version: str = "1") -> dict[str, int]:
+    await bring_up(h)
+    window = await h.ctrl.start_update_weights("trainer")
+    await h.ctrl.end_update_weights(window.snapshot, version)
+    return window.snapshot
+
+
+# -- bootstrap ---------------------------------------------------------------------------------
+
+
+async def test_bootstrap_creates_named_cells_that_wait_for_weights() -> None:
+    h = harness(2)
+    await bring_up(h)
+    assert [(r.name, r.generation, r.pods) for r in h.platform.created] == [
+        ("demo-cell-0", 0, 1), ("demo-cell-1", 0, 1)]
+    assert h.states() == [S.PendingWeights, S.PendingWeights]
+    assert h.ctrl.serving_endpoints() == []
+    assert h.platform.serving == {"demo-cell-0": False, "demo-cell-1": False}
+    patch = h.ctrl.status_patch()
+    assert (patch["ready"], patch["readyEngines"], patch["totalEngines"], patch["lock"]) == ("0/2", 0, 2, None)
+    await settle(h.ctrl)
+    assert len(h.platform.created) == 2  # level-based: more passes create nothing
+
+
+async def test_pending_to_starting_waits_for_running_pods() -> None:
+    h = harness(1, platform=FakePlatform(start_running=False))
+    await settle(h.ctrl)
+    assert h.states() == [S.Pending]
+    h.platform.run_pods("demo-cell-0")
+    await settle(h.ctrl, passes=1)
+    assert h.states() == [S.PendingWeights]
+
+
+async def test_serve_initial_weights_goes_straight_to_serving() -> None:
+    h = harness(2, serve_initial_weights=True)
+    await bring_up(h)
+    assert h.states() == [S.Serving, S.Serving]
+    assert h.platform.serving == {"demo-cell-0": True, "demo-cell-1": True}
+    assert h.ctrl.status_patch()["ready"] == "2/2"
+    assert len(h.ctrl.serving_endpoints()) == 2
+
+
+async def test_recreated_cell_waits_for_weights_even_with_serve_initial_weights() -> None:
+    h = harness(1, serve_initial_weights=True)
+    await bring_up(h)
+    h.platform.fail_pod("demo-cell-0")
+    await h.ctrl.reconcile()
+    await h.clock.advance(5)
+    await bring_up(h)
+    assert (h.cell(0).generation, h.cell(0).state) == (1, S.PendingWeights)
+    assert h.platform.serving["demo-cell-0"] is False
+
+
+async def test_scale_up_after_an_update_waits_for_the_next_one() -> None:
+    h = harness(1, serve_initial_weights=True)
+    await serve(h, "1")
+    h.ctrl.update_spec(spec(2))
+    await bring_up(h)
+    assert h.states() == [S.Serving, S.PendingWeights]
+
+
+# -- the window --------------------------------------------------------------------------------
+
+
+async def test_window_serves_participants_at_the_new_version() -> None:
+    h = harness(3)
+    await bring_up(h)
+    window = await h.ctrl.start_update_weights("trainer-0")
+    assert [(e.name, e.gpu_count, e.gpu_offset) for e in window.engines] == [
+        ("demo-cell-0", 2, 0), ("demo-cell-1", 2, 2), ("demo-cell-2", 2, 4)]
+    assert window.snapshot == {"demo-cell-0": 0, "demo-cell-1": 0, "demo-cell-2": 0}
+    assert window.lock.holder == "trainer-0"
+    assert h.ctrl.status_patch()["lock"]["snapshot"] == window.snapshot
+    await h.clock.advance(2.5)
+    served = await h.ctrl.end_update_weights(window.snapshot, "7")
+    assert served == ["demo-cell-0", "demo-cell-1", "demo-cell-2"]
+    assert h.states() == [S.Serving] * 3
+    assert {c.weight_version for c in h.ctrl.cells.values()} == {"7"}
+    assert all(h.platform.serving.values())
+    assert h.ctrl.status_patch()["weightVersion"] == "7" and h.ctrl.lock.current is None
+    updated = [e for e in h.events if e.reason == Reason.WeightsUpdated]
+    assert updated and "weights updated to v7 in 2.5 s" in updated[0].message
+
+
+async def test_second_window_is_refused_while_one_is_open() -> None:
+    h = harness(1)
+    await bring_up(h)
+    await h.ctrl.start_update_weights("a")
+    with pytest.raises(LockHeld, match="'a'"):
+        await h.ctrl.start_update_weights("b")
+    with pytest.raises(LockHeld):
+        await h.ctrl.offload()
+    with pytest.raises(LockHeld):
+        await h.ctrl.onload()
+    with pytest.raises(LockHeld):
+        await h.ctrl.prepare_rollout(1)
+
+
+async def test_window_without_ready_engines_is_refused() -> None:
+    h = harness(1, platform=FakePlatform(start_running=False))
+    await settle(h.ctrl)
+    with pytest.raises(NoReadyEngines):
+        await h.ctrl.start_update_weights("t")
+    assert h.ctrl.lock.current is None
+
+
+async def test_wrong_snapshot_is_a_mismatch_and_leaves_the_window_open() -> None:
+    h = harness(2)
+    await bring_up(h)
+    window = await h.ctrl.start_update_weights("t")
+    with pytest.raises(SnapshotMismatch):
+        await h.ctrl.end_update_weights({"demo-cell-0": 0}, "1")
+    with pytest.raises(SnapshotMismatch):
+        await h.ctrl.abort_update_weights({**window.snapshot, "demo-cell-1": 5})
+    assert h.ctrl.lock.current is not None
+    await h.ctrl.end_update_weights(window.snapshot, "1")
+    with pytest.raises(SnapshotMismatch, match="no update window"):
+        await h.ctrl.end_update_weights(window.snapshot, "2")
+
+
+async def test_version_defaults_to_the_next_integer() -> None:
+    h = harness(1)
+    await serve(h, "4")
+    window = await h.ctrl.start_update_weights("t")
+    await h.ctrl.end_update_weights(window.snapshot)
+    assert h.ctrl.weight_version == "5"
+
+
+async def test_cell_recreated_during_the_window_is_excluded_at_end() -> None:
+    h = harness(2)
+    await bring_up(h)
+    window = await h.ctrl.start_update_weights("t")
+    # Another controller instance (or a person) replaced cell 1 meanwhile: generation 1 on the platform.
+    await h.platform.delete_cell("demo-cell-1")
+    await h.platform.create_cell(CellRequest(name="demo-cell-1", index=1, generation=1))
+    await settle(h.ctrl)
+    assert (h.cell(1).generation, h.cell(1).state) == (1, S.PendingWeights)
+    served = await h.ctrl.end_update_weights(window.snapshot, "1")
+    assert served == ["demo-cell-0"]
+    assert h.states() == [S.Serving, S.PendingWeights]
+    assert h.cell(1).weight_version is None
+    second = await h.ctrl.start_update_weights("t")
+    assert second.snapshot == {"demo-cell-0": 0, "demo-cell-1": 1}
+
+
+async def test_reconcile_defers_replacement_while_the_lock_is_held() -> None:
+    h = harness(2)
+    await bring_up(h)
+    window = await h.ctrl.start_update_weights("t")
+    h.platform.fail_pod("demo-cell-1")
+    await h.ctrl.reconcile()
+    assert h.cell(1).state == S.Unhealthy
+    await h.clock.advance(60)  # the backoff (5 s) is long past
+    await settle(h.ctrl)
+    assert h.platform.deleted == [] and len(h.platform.created) == 2
+    await h.ctrl.end_update_weights(window.snapshot, "1")
+    assert h.states() == [S.Serving, S.Unhealthy]
+    await h.ctrl.reconcile()  # deferred, not lost
+    assert h.platform.deleted == ["demo-cell-1"]
+    assert [(r.name, r.generation) for r in h.platform.created[2:]] == [("demo-cell-1", 1)]
+    await bring_up(h)
+    assert h.states() == [S.Serving, S.PendingWeights]
+    assert h.cell(1).restarts == 1
+
+
+async def test_abort_stops_unchanged_participants_without_charging_the_budget() -> None:
+    h = harness(2)
+    await bring_up(h)
+    window = await h.ctrl.start_update_weights("t")
+    stopped = await h.ctrl.abort_update_weights(window.snapshot)
+    assert stopped == ["demo-cell-0", "demo-cell-1"]
+    assert sorted(h.platform.deleted) == ["demo-cell-0", "demo-cell-1"]
+    assert h.ctrl.lock.current is None and h.ctrl.health.active
+    assert [(c.generation, c.state, c.restarts) for c in map(h.cell, (0, 1))] == [(1, S.Pending, 0)] * 2
+    assert Reason.WindowAborted in h.reasons()
+    await bring_up(h)
+    assert [(r.name, r.generation) for r in h.platform.created[2:]] == [("demo-cell-0", 1), ("demo-cell-1", 1)]
+    assert h.states() == [S.PendingWeights, S.PendingWeights]
+
+
+async def test_abort_releases_the_lock_even_if_stopping_fails() -> None:
+    h = harness(2)
+    await bring_up(h)
+    window = await h.ctrl.start_update_weights("t")
+    h.platform.fail_delete = True
+    stopped = await h.ctrl.abort_update_weights(window.snapshot)
+    assert stopped == ["demo-cell-0", "demo-cell-1"]
+    assert h.ctrl.lock.current is None
+    assert any("stopping failed" in e.message for e in h.events if e.reason == Reason.WindowAborted)
+    h.platform.fail_delete = False
+    await h.ctrl.reconcile()  # the stale generation-0 pods are deleted, generation 1 created
+    assert sorted(h.platform.deleted) == ["demo-cell-0", "demo-cell-1"]
+    assert {h.platform.generation_of(f"demo-cell-{i}") for i in (0, 1)} == {1}
+
+
+async def test_expired_lock_is_released_aborted_and_reported() -> None:
+    h = harness(1)
+    await bring_up(h)
+    await h.ctrl.start_update_weights("slow-trainer")
+    await h.clock.advance(599)
+    await h.ctrl.reconcile()
+    assert h.ctrl.lock.current is not None
+    await h.clock.advance(1)
+    await h.ctrl.reconcile()
+    assert h.ctrl.lock.current is None
+    expired = [e for e in h.events if e.reason == Reason.LockExpired]
+    assert expired and expired[0].warning and "slow-trainer" in expired[0].message
+    assert h.cell(0).generation == 1  # its participant may hold half-written weights: stopped
+
+
+async def test_expired_lock_lets_the_next_window_open() -> None:
+    h = harness(1)
+    await bring_up(h)
+    await h.ctrl.start_update_weights("gone")
+    await h.clock.advance(600)
+    await bring_up(h)
+    window = await h.ctrl.start_update_weights("next")
+    assert window.lock.holder == "next" and window.snapshot == {"demo-cell-0": 1}
+
+
+async def test_weight_check_mismatch_names_tensors_and_fails_the_window(tmp_path: Path) -> None:
+    audit = AuditLog(tmp_path, JOB)
+    h = harness(3, check_weights=True, audit=audit)
+    await bring_up(h)
+    window = await h.ctrl.start_update_weights("t")
+    assert h.ctrl.status_patch()["lock"]["weightsChecksums"]["demo-cell-0"] == {"w": "init"}
+    for i in range(3):
+        h.engine(i).checksums = {"w": "v1", "bias": "b1"}
+    h.engine(2).checksums = {"w": "v1", "bias": "CORRUPT"}
+    with pytest.raises(WeightCheckMismatch) as err:
+        await h.ctrl.end_update_weights(window.snapshot, "1")
+    assert err.value.mismatched == {"demo-cell-2": ["bias"]}
+    assert h.ctrl.lock.current is None
+    assert Reason.WeightCheckFailed in h.reasons()
+    checks = [r for r in read_audit_log(audit.path) if r.type == "weight_check"]
+    assert checks and checks[0].fields["ok"] is False and checks[0].fields["mismatched"] == {"demo-cell-2": ["bias"]}
+
+
+async def test_weight_check_passes_when_participants_agree() -> None:
+    h = harness(2, check_weights=True)
+    await bring_up(h)
+    window = await h.ctrl.start_update_weights("t")
+    for i in range(2):
+        h.engine(i).checksums = {"w": "v1"}
+    assert await h.ctrl.end_update_weights(window.snapshot, "1", expected_checksums={"w": "v1"}) == [
+        "demo-cell-0", "demo-cell-1"]
+
+
+# -- health and healing ------------------------------------------------------------------------
+
+
+async def test_failing_probes_make_a_serving_cell_unhealthy_and_leave_serving() -> None:
+    h = harness(1)
+    await serve(h)
+    h.engine(0).healthy = False
+    await h.clock.advance(10)
+    await h.ctrl.probe_health()
+    assert h.cell(0).state == S.Serving and h.cell(0).consecutive_failures == 1
+    await h.clock.advance(10)
+    await h.ctrl.probe_health()
+    assert h.cell(0).state == S.Unhealthy
+    assert h.platform.serving["demo-cell-0"] is False
+    assert h.ctrl.serving_endpoints() == []
+    assert Reason.CellUnhealthy in h.reasons()
+
+
+async def test_hanging_engine_fails_probes_within_the_timeout() -> None:
+    h = harness(1)
+    await serve(h)
+    h.engine(0).hang = True
+    for _ in range(2):
+        await h.clock.advance(10)
+        await with_clock(h.clock, h.ctrl.probe_health())
+    assert h.cell(0).state == S.Unhealthy
+    assert "timed out after 5 s" in h.cell(0).message
+
+
+async def test_dead_pod_or_container_restart_marks_the_cell_unhealthy() -> None:
+    h = harness(2)
+    await serve(h)
+    h.platform.restart_pod("demo-cell-0")
+    h.platform.fail_pod("demo-cell-1")
+    await h.ctrl.reconcile()
+    assert h.states() == [S.Unhealthy, S.Unhealthy]
+    assert "restarts 1" in h.cell(0).message and "Failed" in h.cell(1).message
+
+
+async def test_startup_deadline_exceeded() -> None:
+    h = harness(1, startup_deadline=100)
+    await h.ctrl.reconcile()
+    await h.ctrl.reconcile()
+    h.engines(FakePlatform.endpoint_of("demo-cell-0", 0)).healthy = False
+    await settle(h.ctrl)
+    assert h.cell(0).state == S.Starting
+    await h.clock.advance(100)
+    await h.ctrl.reconcile()
+    assert h.cell(0).state == S.Unhealthy
+    assert Reason.StartupDeadlineExceeded in h.reasons()
+
+
+async def test_restart_budget_backoff_then_failed_with_no_more_creates() -> None:
+    h = harness(1, max_restarts=2)
+    await bring_up(h)
+    delays = []
+    for generation in range(2):
+        h.platform.fail_pod("demo-cell-0")
+        await h.ctrl.reconcile()
+        failed_at = h.clock.now()
+        while h.platform.generation_of("demo-cell-0") == generation or "demo-cell-0" not in h.platform.cells:
+            await h.clock.advance(1)
+            await h.ctrl.reconcile()
+        delays.append(h.clock.now() - failed_at)
+        await bring_up(h)
+        assert h.cell(0).state == S.PendingWeights
+    assert delays == [5, 10]
+    h.platform.fail_pod("demo-cell-0")
+    await h.ctrl.reconcile()
+    await h.ctrl.reconcile()
+    assert h.cell(0).state == S.Failed
+    budget = [e for e in h.events if e.reason == Reason.RestartBudgetExhausted]
+    assert budget and budget[0].warning
+    creates = len(h.platform.created)
+    for _ in range(20):
+        await h.clock.advance(300)
+        await settle(h.ctrl, passes=1)
+    assert len(h.platform.created) == creates
+    assert h.ctrl.status_patch()["restartsTotal"] == 2
+
+
+async def test_raised_budget_revives_a_failed_cell() -> None:
+    h = harness(1, max_restarts=0)
+    await bring_up(h)
+    h.platform.fail_pod("demo-cell-0")
+    await settle(h.ctrl)
+    assert h.cell(0).state == S.Failed
+    h.ctrl.update_spec(spec(1, max_restarts=1))
+    await bring_up(h)
+    assert (h.cell(0).state, h.cell(0).generation) == (S.PendingWeights, 1)
+
+
+async def test_scale_down_deletes_surplus_cells_but_not_during_a_window() -> None:
+    h = harness(3)
+    await bring_up(h)
+    window = await h.ctrl.start_update_weights("t")
+    h.ctrl.update_spec(spec(2))
+    await h.ctrl.reconcile()
+    assert h.platform.deleted == []
+    await h.ctrl.end_update_weights(window.snapshot, "1")
+    await h.ctrl.reconcile()
+    assert h.platform.deleted == ["demo-cell-2"] and sorted(h.ctrl.cells) == ["demo-cell-0", "demo-cell-1"]
+    assert h.ctrl.status_patch()["ready"] == "2/2"
+
+
+# -- offload / onload / rollout ----------------------------------------------------------------
+
+
+async def test_offload_flushes_then_releases_and_onload_restores_the_state() -> None:
+    h = harness(2)
+    await serve(h)
+    change = await h.ctrl.offload([MemoryTag.weights, MemoryTag.kv_cache])
+    assert change.cells == {"demo-cell-0": ["weights", "kv_cache"], "demo-cell-1": ["weights", "kv_cache"]}
+    assert h.engine(0).calls[-2:] == ["flush_cache", "release_memory"]
+    assert h.engine(0).released == {MemoryTag.weights, MemoryTag.kv_cache}
+    assert h.states() == [S.Offloaded, S.Offloaded]
+    assert not any(h.platform.serving.values())
+    assert h.ctrl.status_patch()["engines"][0]["memory"] == ["weights", "kv_cache"]
+    # monitoring is paused: a due probe is not sent
+    await h.clock.advance(60)
+    probes = h.engine(0).health_started
+    await h.ctrl.probe_health()
+    assert h.engine(0).health_started == probes
+    await h.ctrl.onload([MemoryTag.weights])
+    assert h.states() == [S.Serving, S.Serving]
+    assert h.cell(0).memory == (MemoryTag.kv_cache,)
+    assert not any(h.platform.serving.values())  # no KV cache yet: not in the serving set
+    await h.ctrl.onload()
+    assert h.cell(0).memory == () and all(h.platform.serving.values())
+    assert h.engine(0).released == set()
+    assert h.ctrl.health.active
+    assert Reason.Offloaded in h.reasons() and Reason.Onloaded in h.reasons()
+
+
+async def test_offload_of_kv_cache_only_keeps_the_state() -> None:
+    h = harness(1)
+    await bring_up(h)
+    await h.ctrl.offload(["kv_cache", "cuda_graph"])
+    assert h.states() == [S.PendingWeights]
+    assert h.cell(0).memory == (MemoryTag.kv_cache, MemoryTag.cuda_graph)
+    await h.ctrl.onload(["kv_cache", "cuda_graph"])
+    assert h.states() == [S.PendingWeights] and h.cell(0).memory == ()
+
+
+async def test_colocated_step_order_updates_offloaded_cells() -> None:
+    """miles' order: offload all, train, onload weights, update window, onload kv."""
+    h = harness(2)
+    await serve(h, "1")
+    await h.ctrl.offload(["weights", "kv_cache", "cuda_graph"])
+    await h.ctrl.onload(["weights"])
+    window = await h.ctrl.start_update_weights("t")
+    assert sorted(window.snapshot) == ["demo-cell-0", "demo-cell-1"]
+    await h.ctrl.end_update_weights(window.snapshot, "2")
+    await h.ctrl.onload(["kv_cache", "cuda_graph"])
+    await h.ctrl.prepare_rollout(2)
+    assert h.states() == [S.Serving, S.Serving] and all(h.platform.serving.values())
+    assert h.ctrl.status_patch()["rolloutId"] == 2 and h.ctrl.weight_version == "2"
+
+
+async def test_flush_is_retried_a_bounded_number_of_times() -> None:
+    h = harness(2)
+    await bring_up(h)
+    h.engine(0).flush_failures = 3
+    h.ctrl.flush_retries = 5
+    change = await with_clock(h.clock, h.ctrl.offload(["kv_cache"]))
+    assert change.failed == {} and h.engine(0).calls.count("flush_cache") == 4
+    h.engine(1).flush_failures = 100
+    change = await with_clock(h.clock, h.ctrl.offload(["weights"]))
+    assert list(change.failed) == ["demo-cell-1"] and h.engine(1).calls.count("flush_cache") == 1 + 5
+    assert h.cell(1).state == S.PendingWeights and h.cell(1).memory == (MemoryTag.kv_cache,)
+    assert h.cell(0).state == S.Offloaded
+
+
+async def test_prepare_rollout_resumes_monitoring_and_records_the_rollout() -> None:
+    h = harness(1)
+    await serve(h)
+    await h.ctrl.offload(["kv_cache"])
+    assert not h.ctrl.health.active
+    await h.ctrl.prepare_rollout(12)
+    assert h.ctrl.health.active and h.ctrl.rollout_id == 12
+    assert Reason.RolloutPrepared in h.reasons()
+
+
+# -- restore, run loop, audit ------------------------------------------------------------------
+
+
+async def test_restore_from_status_keeps_cells_budget_window_and_version() -> None:
+    h = harness(3)
+    await serve(h, "3")
+    h.platform.fail_pod("demo-cell-2")
+    await h.ctrl.reconcile()
+    await h.clock.advance(5)
+    await bring_up(h)  # cell 2 recreated: generation 1, one restart charged
+    window = await h.ctrl.start_update_weights("trainer")
+    status = RLJobStatus.model_validate(h.ctrl.status_patch())
+    creates = len(h.platform.created)
+
+    h2 = h.new_controller(restore=status)
+    assert {n: (c.generation, c.state, c.restarts, c.weight_version) for n, c in h2.cells.items()} == {
+        n: (c.generation, c.state, c.restarts, c.weight_version) for n, c in h.ctrl.cells.items()}
+    assert h2.weight_version == "3"
+    assert h2.lock.current is not None and h2.lock.current.snapshot == window.snapshot
+    assert h2.lock.current.expires == h.ctrl.lock.current.expires
+    assert not h2.health.active  # the open window pauses monitoring
+    await settle(h2)
+    assert len(h.platform.created) == creates  # nothing doubled
+    served = await h2.end_update_weights(window.snapshot, "4")
+    assert served == ["demo-cell-0", "demo-cell-1", "demo-cell-2"]
+    assert h2.status_patch()["restartsTotal"] == 1
+
+
+async def test_restored_lock_still_expires() -> None:
+    h = harness(1)
+    await bring_up(h)
+    await h.ctrl.start_update_weights("t")
+    status = RLJobStatus.model_validate(h.ctrl.status_patch())
+    await h.clock.advance(700)
+    h2 = h.new_controller(restore=status)
+    await h2.reconcile()
+    assert h2.lock.current is None and Reason.LockExpired in h.reasons()
+
+
+async def test_restored_offloaded_cell_returns_to_its_state() -> None:
+    h = harness(1)
+    await serve(h)
+    await h.ctrl.offload(["weights"])
+    h2 = h.new_controller(restore=RLJobStatus.model_validate(h.ctrl.status_patch()))
+    assert not h2.health.active
+    await h2.onload(["weights"])
+    assert h2.cells["demo-cell-0"].state == S.Serving
+
+
+async def test_run_loop_brings_cells_up_and_stops() -> None:
+    h = harness(2)
+    h.ctrl.poll_seconds = 2
+    stop = asyncio.Event()
+    task = asyncio.create_task(h.ctrl.run(stop))
+    for _ in range(100):
+        if h.states() == [S.PendingWeights, S.PendingWeights]:
+            break
+        await h.clock.advance(1)
+    assert h.states() == [S.PendingWeights, S.PendingWeights]
+    stop.set()
+    await asyncio.wait_for(task, 5)  # real-time guard only: stop must end the loop promptly
+
+
+async def test_run_loop_survives_platform_errors() -> None:
+    h = harness(1)
+    h.platform.fail_create = True
+    stop = asyncio.Event()
+    task = asyncio.create_task(h.ctrl.run(stop))
+    for _ in range(30):
+        await h.clock.advance(1)
+    assert not task.done()
+    h.platform.fail_create = False
+    for _ in range(30):
+        if h.states() == [S.PendingWeights]:
+            break
+        await h.clock.advance(1)
+    assert h.states() == [S.PendingWeights]
+    stop.set()
+    await asyncio.wait_for(task, 5)
+
+
+async def test_audit_log_records_transitions_and_updates(tmp_path: Path) -> None:
+    audit = AuditLog(tmp_path, JOB)
+    h = harness(1, audit=audit)
+    await serve(h, "1")
+    records = read_audit_log(audit.path)
+    transitions = [(r.cell, r.fields["from"], r.fields["to"]) for r in records if r.type == "cell_transition"]
+    assert transitions == [("demo-cell-0", "Pending", "Starting"), ("demo-cell-0", "Starting", "PendingWeights"),
+                           ("demo-cell-0", "PendingWeights", "Serving")]
+    assert [r.fields["version"] for r in records if r.type == "weights_updated"] == ["1"]
+    assert any(r.type == "window_opened" for r in records)
+    assert all(r.job == JOB and r.component == "inference_controller" for r in records)
