@@ -1,0 +1,305 @@
+"""The trainer's controller client against a real InferenceController, over HTTP and in-process.
+
+The HTTP server here is a small aiohttp app written for this test (the operator's real
+server has its own tests): it maps the wire verbs onto a real InferenceController whose
+platform and engines are the controller_runtime fakes, so what is checked is the client's
+side of the contract (paths, bodies, bearer token, retries, typed errors, the window's
+end/abort discipline) against real controller behaviour.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+from rljob_client.controller_client import (
+    ControllerClient,
+    ControllerLockHeld,
+    ControllerNotFound,
+    ControllerSnapshotMismatch,
+    ControllerUnauthorized,
+    ControllerUnavailable,
+    InferenceControllerClient,
+    LocalControllerClient,
+    cells_response,
+    window_response,
+)
+
+from controller_runtime.api.control import (
+    API_PREFIX,
+    AbortUpdateRequest,
+    AbortUpdateResponse,
+    EndUpdateRequest,
+    ErrorResponse,
+    PrepareRolloutRequest,
+    StartUpdateRequest,
+    TagsRequest,
+)
+from controller_runtime.api.spec import InferenceSpec, MemoryTag
+from controller_runtime.api.status import CellState
+from controller_runtime.clock import FakeClock
+from controller_runtime.controller import InferenceController
+from controller_runtime.errors import ControllerError, LockHeld, SnapshotMismatch
+from controller_runtime.fakes import FakeEngines, FakePlatform, settle
+
+# Fixtures run in the session loop (pyproject); the tests must share it with their servers.
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+TOKEN = "test-token"
+JOB, NS = "toy", "team-a"
+
+
+@dataclass
+class ControlApp:
+    """Routes -> controller; counts requests; can pretend to be a standby replica."""
+
+    controller: InferenceController
+    standby_answers: int = 0  # answer this many requests with 503 + Retry-After first
+    seen_auth: list[str | None] = field(default_factory=list)
+    seen_verbs: list[str] = field(default_factory=list)
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_route("*", API_PREFIX + "/namespaces/{ns}/rljobs/{name}/{verb}", self.handle)
+        return app
+
+    async def handle(self, request: web.Request) -> web.Response:
+        self.seen_auth.append(request.headers.get("Authorization"))
+        if request.headers.get("Authorization") != f"Bearer {TOKEN}":
+            return _error(401, "Unauthorized", "bad token")
+        if self.standby_answers > 0:
+            self.standby_answers -= 1
+            return _error(503, "NotLeader", "standby replica", retry_after=1)
+        ns, name, verb = request.match_info["ns"], request.match_info["name"], request.match_info["verb"]
+        if (ns, name) != (NS, JOB):
+            return _error(404, "NotFound", f"rljob {ns}/{name} not found")
+        self.seen_verbs.append(verb)
+        body = await request.json() if request.can_read_body else {}
+        c = self.controller
+        try:
+            if verb == "prepare_rollout":
+                await c.prepare_rollout(PrepareRolloutRequest.model_validate(body).rollout_id)
+            elif verb == "offload":
+                await c.offload(TagsRequest.model_validate(body).tags)
+            elif verb == "onload":
+                await c.onload(TagsRequest.model_validate(body).tags)
+            elif verb == "start_update_weights":
+                window = await c.start_update_weights(StartUpdateRequest.model_validate(body).holder)
+                return web.json_response(window_response(window).to_wire())
+            elif verb == "end_update_weights":
+                req = EndUpdateRequest.model_validate(body)
+                await c.end_update_weights(req.snapshot, req.weight_version)
+            elif verb == "abort_update_weights":
+                stopped = await c.abort_update_weights(AbortUpdateRequest.model_validate(body).snapshot)
+                return web.json_response(AbortUpdateResponse(stopped=stopped).to_wire())
+            elif verb != "cells":
+                return _error(404, "NotFound", f"no verb {verb}")
+        except LockHeld as exc:
+            return _error(409, "LockHeld", str(exc), retry_after=2)
+        except SnapshotMismatch as exc:
+            return _error(409, "SnapshotMismatch", str(exc))
+        except ControllerError as exc:
+            return _error(409, type(exc).__name__, str(exc))
+        return web.json_response(cells_response(c).to_wire())
+
+
+def _error(status: int, reason: str, message: str, retry_after: float | None = None) -> web.Response:
+    body = ErrorResponse(error=message, reason=reason, retry_after_seconds=retry_after).to_wire()
+    headers = {"Retry-After": str(int(retry_after))} if retry_after is not None else None
+    return web.Response(status=status, text=json.dumps(body), content_type="application/json", headers=headers)
+
+
+@pytest.fixture
+async def controller() -> AsyncIterator[InferenceController]:
+    spec = InferenceSpec(replicas=2, gpus_per_engine=0)
+    c = InferenceController(JOB, spec, FakePlatform(), FakeEngines(), clock=FakeClock())
+    await settle(c)
+    assert [s.state for s in c.engine_statuses()] == [CellState.PendingWeights] * 2
+    yield c
+    await c.close()
+
+
+@contextlib.asynccontextmanager
+async def serving(controller: InferenceController) -> AsyncIterator[tuple[ControlApp, str]]:
+    from rljob_cli.vllm_process import free_port
+
+    control = ControlApp(controller)
+    runner = web.AppRunner(control.app())
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield control, f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+@pytest.fixture
+async def server(controller: InferenceController) -> AsyncIterator[tuple[ControlApp, str]]:
+    async with serving(controller) as s:
+        yield s
+
+
+class SkippingClock:
+    """The client's retry clock: sleeping records the delay and jumps time forward at once."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+        self.delays: list[float] = []
+
+    def now(self) -> float:
+        return self.t
+
+    async def sleep(self, seconds: float) -> None:
+        self.delays.append(seconds)
+        self.t += seconds
+
+
+def http_client_for(url: str, tmp_path: Path) -> InferenceControllerClient:
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    return InferenceControllerClient(url, JOB, NS, token_file=token_file, holder="trainer-0", clock=SkippingClock())
+
+
+@pytest.fixture
+async def http_client(server: tuple[ControlApp, str], tmp_path: Path) -> AsyncIterator[InferenceControllerClient]:
+    client = http_client_for(server[1], tmp_path)
+    yield client
+    await client.close()
+
+
+@pytest.fixture(params=["http", "local"])
+async def any_client(request: pytest.FixtureRequest, controller: InferenceController,
+                     tmp_path: Path) -> AsyncIterator[ControllerClient]:
+    """The same test against both transports."""
+    if request.param == "local":
+        yield LocalControllerClient(controller, holder="trainer-0")
+        return
+    async with serving(controller) as (_, url):
+        client = http_client_for(url, tmp_path)
+        try:
+            yield client
+        finally:
+            await client.close()
+
+
+async def test_window_ends_with_the_version_and_cells_serve(any_client: ControllerClient,
+                                                           controller: InferenceController) -> None:
+    async with any_client.update_weights(weight_version="1") as window:
+        assert controller.lock.held
+        assert sorted(e.cell for e in window.engines) == ["toy-cell-0", "toy-cell-1"]
+        assert window.snapshot == {"toy-cell-0": 0, "toy-cell-1": 0}
+        assert window.lock.holder == "trainer-0"
+        window.weight_version = "7"  # the body may decide the version late
+    assert not controller.lock.held
+    assert controller.weight_version == "7"
+    assert [(s.state, s.weight_version) for s in controller.engine_statuses()] == [(CellState.Serving, "7")] * 2
+    cells = await any_client.cells()
+    assert cells.weight_version == "7" and cells.lock is None
+    assert len(cells.serving_endpoints) == 2
+
+
+async def test_window_aborts_on_exception_and_reraises(any_client: ControllerClient,
+                                                       controller: InferenceController) -> None:
+    class PushFailed(Exception):
+        pass
+
+    with pytest.raises(PushFailed):
+        async with any_client.update_weights(weight_version="1"):
+            assert controller.lock.held
+            raise PushFailed("engine refused the weights")
+    assert not controller.lock.held
+    assert controller.weight_version is None
+    # participants may hold half-written weights: stopped and recreated at the next generation
+    assert [s.generation for s in controller.engine_statuses()] == [1, 1]
+    # the lock is free again: a retry can open a new window once cells are back
+    await settle(controller)
+    async with any_client.update_weights(weight_version="1"):
+        pass
+    assert controller.weight_version == "1"
+
+
+async def test_second_window_while_one_is_open_is_lock_held(any_client: ControllerClient,
+                                                            controller: InferenceController) -> None:
+    async with any_client.update_weights():
+        with pytest.raises(LockHeld):
+            await any_client.start_update_weights("someone-else")
+        with pytest.raises(LockHeld):  # memory moves are refused inside a window, not queued
+            await any_client.offload([MemoryTag.kv_cache])
+    assert controller.weight_version == "1"
+
+
+async def test_memory_and_rollout_calls_reach_the_controller(any_client: ControllerClient,
+                                                             controller: InferenceController) -> None:
+    await any_client.prepare_rollout(3)
+    assert controller.rollout_id == 3
+    await any_client.offload([MemoryTag.kv_cache])
+    assert all(s.memory == ["kv_cache"] for s in controller.engine_statuses())
+    await any_client.onload_kv()
+    assert all(s.memory == [] for s in controller.engine_statuses())
+    cells = await any_client.cells()
+    assert cells.rollout_id == 3 and [e.name for e in cells.engines] == ["toy-cell-0", "toy-cell-1"]
+
+
+async def test_http_client_sends_the_token_file_and_retries_503_with_retry_after(
+    server: tuple[ControlApp, str], http_client: InferenceControllerClient, controller: InferenceController
+) -> None:
+    control, _ = server
+    control.standby_answers = 2
+    await http_client.prepare_rollout(1)
+    assert controller.rollout_id == 1
+    assert http_client._clock.delays == [1.0, 1.0]  # type: ignore[attr-defined]
+    assert set(control.seen_auth) == {f"Bearer {TOKEN}"}
+
+
+async def test_http_client_gives_up_on_503_after_its_retry_deadline(server: tuple[ControlApp, str],
+                                                                    tmp_path: Path) -> None:
+    control, url = server
+    control.standby_answers = 1000
+    client = InferenceControllerClient(url, JOB, NS, token=TOKEN, retry_timeout=0.0, clock=SkippingClock())
+    try:
+        with pytest.raises(ControllerUnavailable) as err:
+            await client.cells()
+        assert err.value.status == 503 and err.value.reason == "NotLeader"
+    finally:
+        await client.close()
+
+
+async def test_http_errors_are_typed(server: tuple[ControlApp, str], http_client: InferenceControllerClient) -> None:
+    _, url = server
+    bad = InferenceControllerClient(url, JOB, NS, token="wrong", token_file=None)
+    missing = InferenceControllerClient(url, "nope", NS, token=TOKEN)
+    try:
+        with pytest.raises(ControllerUnauthorized):
+            await bad.cells()
+        with pytest.raises(ControllerNotFound):
+            await missing.cells()
+        window = await http_client.start_update_weights("trainer-0")
+        with pytest.raises(ControllerLockHeld):
+            await http_client.start_update_weights("trainer-1")
+        with pytest.raises(ControllerSnapshotMismatch):
+            await http_client.end_update_weights({"toy-cell-0": 99})
+        await http_client.end_update_weights(window.snapshot, "1")
+    finally:
+        await bad.close()
+        await missing.close()
+
+
+async def test_unreachable_controller_is_unavailable_after_retries(tmp_path: Path) -> None:
+    from rljob_cli.vllm_process import free_port
+
+    clock = SkippingClock()
+    client = InferenceControllerClient(f"http://127.0.0.1:{free_port()}", JOB, NS, token=TOKEN,
+                                       retry_timeout=3.0, clock=clock)
+    try:
+        with pytest.raises(ControllerUnavailable) as err:
+            await client.cells()
+        assert err.value.reason == "Unreachable"
+        assert clock.delays == [1.0, 1.0, 1.0]  # retried until the deadline, then gave up
+    finally:
+        await client.close()
