@@ -1,0 +1,216 @@
+"""KubernetesPlatform's own logic (grouping, generations, idempotence) over an in-memory pod store.
+
+The store fakes only the REST calls the platform makes; the same behaviours are checked
+against a real API server in tests/integration/test_k8s_platform.py.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from rljob_operator import labels as L
+from rljob_operator.platform import (
+    KubeRequests,
+    KubernetesPlatform,
+    PlatformError,
+    pod_observation,
+    resource_path,
+)
+
+from controller_runtime.ports import CellRequest
+
+JOBS = Path(__file__).parent / "golden" / "jobs"
+
+
+class PodStore(KubeRequests):
+    """Pods by name; answers the platform's GET/POST/DELETE/PATCH on /api/v1/namespaces/ns/pods."""
+
+    def __init__(self) -> None:
+        self.pods: dict[str, dict[str, Any]] = {}
+        self.calls: list[tuple[str, str]] = []
+
+    async def call(self, method, path, query=(), body=None, content_type=None, *, ok=()):
+        self.calls.append((method, path))
+        name = path.rsplit("/pods", 1)[1].lstrip("/") or None
+        try:
+            return self._handle(method, name, dict(query), body)
+        except PlatformError as e:
+            if e.status in ok:
+                return None
+            raise
+
+    def _handle(self, method, name, query, body):
+        if method == "GET":
+            sel = dict(kv.split("=") for kv in query["labelSelector"].split(","))
+            items = [
+                p
+                for p in self.pods.values()
+                if all(p["metadata"]["labels"].get(k) == v for k, v in sel.items())
+            ]
+            return {"items": copy.deepcopy(items)}
+        if method == "POST":
+            if body["metadata"]["name"] in self.pods:
+                raise PlatformError("POST", 409, "AlreadyExists")
+            pod = copy.deepcopy(body)
+            pod["status"] = {"phase": "Pending"}
+            self.pods[pod["metadata"]["name"]] = pod
+            return pod
+        if name not in self.pods:
+            raise PlatformError(method, 404, "NotFound")
+        if method == "DELETE":
+            del self.pods[name]
+            return {}
+        if method == "PATCH":
+            self.pods[name]["metadata"]["labels"].update(body["metadata"]["labels"])
+            return self.pods[name]
+        raise AssertionError(method)
+
+    def run(self, name: str, ip: str, ready: bool = True) -> None:
+        self.pods[name]["status"] = {
+            "phase": "Running",
+            "podIP": ip,
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+            "containerStatuses": [{"name": "engine", "restartCount": 0, "state": {"running": {}}}],
+        }
+        self.pods[name]["spec"]["nodeName"] = "gpu-0"
+
+
+def load(case: str) -> dict[str, Any]:
+    return yaml.safe_load((JOBS / f"{case}.yaml").read_text())
+
+
+def platform(case: str = "llama-8b-8gpu") -> tuple[KubernetesPlatform, PodStore]:
+    store = PodStore()
+    return KubernetesPlatform(store, "rl", load(case)), store
+
+
+def req(index: int, generation: int = 1, job: str = "llama-8b") -> CellRequest:
+    return CellRequest(name=f"{job}-cell-{index}", index=index, generation=generation)
+
+
+async def test_creating_a_cell_twice_leaves_one_set_of_pods() -> None:
+    p, store = platform("multinode-vllm")
+    await p.create_cell(req(0, job="llama-70b"))
+    await p.create_cell(req(0, job="llama-70b"))
+    assert sorted(store.pods) == ["llama-70b-cell-0-g1-0", "llama-70b-cell-0-g1-1"]
+
+
+async def test_observe_groups_pods_by_cell_and_reports_head_endpoint() -> None:
+    p, store = platform("multinode-vllm")
+    await p.create_cell(req(1, job="llama-70b"))
+    store.run("llama-70b-cell-1-g1-0", "127.10.0.5")
+    store.run("llama-70b-cell-1-g1-1", "127.10.1.5", ready=False)
+    (cell,) = await p.observe_cells()
+    assert (cell.name, cell.index, cell.generation) == ("llama-70b-cell-1", 1, 1)
+    assert cell.endpoint == "http://127.10.0.5:8000"
+    assert cell.all_running and not cell.any_failed
+    assert [pod.ready for pod in cell.pods] == [True, False]
+    assert cell.pods[0].node == "gpu-0"
+
+
+async def test_newest_generation_wins_and_older_leftovers_are_deleted() -> None:
+    p, store = platform()
+    await p.create_cell(req(0, generation=1))
+    await p.create_cell(req(0, generation=2))
+    (cell,) = await p.observe_cells()
+    assert cell.generation == 2
+    assert p.last_leftovers == ("llama-8b-cell-0-g1-0",)
+    assert sorted(store.pods) == ["llama-8b-cell-0-g2-0"]
+
+
+async def test_a_missing_pod_makes_the_cell_look_failed_not_smaller() -> None:
+    p, store = platform("multinode-vllm")
+    await p.create_cell(req(0, job="llama-70b"))
+    store.run("llama-70b-cell-0-g1-0", "127.10.0.5")
+    del store.pods["llama-70b-cell-0-g1-1"]
+    (cell,) = await p.observe_cells()
+    assert len(cell.pods) == 2
+    assert cell.pods[1].phase == "Unknown" and cell.any_failed
+
+
+async def test_a_wholly_terminating_cell_is_absent_a_partly_terminating_one_failed() -> None:
+    p, store = platform("multinode-vllm")
+    await p.create_cell(req(0, job="llama-70b"))
+    await p.create_cell(req(1, job="llama-70b"))
+    for name in ("llama-70b-cell-0-g1-0", "llama-70b-cell-0-g1-1", "llama-70b-cell-1-g1-1"):
+        store.pods[name]["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    cells = await p.observe_cells()
+    assert [c.name for c in cells] == ["llama-70b-cell-1"]
+    assert cells[0].any_failed and cells[0].pods[1].message == "Terminating"
+
+
+async def test_delete_cell_removes_every_generation_and_tolerates_absence() -> None:
+    p, store = platform()
+    await p.create_cell(req(0, generation=1))
+    await p.create_cell(req(0, generation=2))
+    await p.create_cell(req(1))
+    await p.delete_cell("llama-8b-cell-0")
+    await p.delete_cell("llama-8b-cell-0")
+    assert sorted(store.pods) == ["llama-8b-cell-1-g1-0"]
+
+
+async def test_set_serving_flips_the_label_on_the_cells_pods_only() -> None:
+    p, store = platform()
+    await p.create_cell(req(0))
+    await p.create_cell(req(1))
+    await p.set_serving("llama-8b-cell-0", True)
+    assert store.pods["llama-8b-cell-0-g1-0"]["metadata"]["labels"][L.SERVING] == "true"
+    assert store.pods["llama-8b-cell-1-g1-0"]["metadata"]["labels"][L.SERVING] == "false"
+    await p.set_serving("llama-8b-cell-0", False)
+    assert store.pods["llama-8b-cell-0-g1-0"]["metadata"]["labels"][L.SERVING] == "false"
+
+
+async def test_other_api_errors_are_raised_as_platform_errors() -> None:
+    p, store = platform()
+
+    async def refuse(*args, **kwargs):
+        raise PlatformError("POST pods", 403, "Forbidden")
+
+    store.call = refuse  # type: ignore[method-assign]
+    with pytest.raises(PlatformError) as info:
+        await p.create_cell(req(0))
+    assert info.value.status == 403
+
+
+def test_pod_observation_reads_phase_ip_readiness_restarts_and_reason() -> None:
+    pod = {
+        "metadata": {"name": "x"},
+        "spec": {"nodeName": "gpu-1"},
+        "status": {
+            "phase": "Running",
+            "podIP": "127.10.1.7",
+            "conditions": [{"type": "Ready", "status": "True"}],
+            "containerStatuses": [{"restartCount": 2, "state": {"waiting": {"reason": "CrashLoopBackOff"}}}],
+        },
+    }
+    obs = pod_observation(pod)
+    assert (obs.phase, obs.ip, obs.ready, obs.restarts, obs.node) == (
+        "Running",
+        "127.10.1.7",
+        True,
+        2,
+        "gpu-1",
+    )
+    assert obs.message == "CrashLoopBackOff"
+    unschedulable = {
+        "metadata": {"name": "y"},
+        "status": {
+            "phase": "Pending",
+            "conditions": [
+                {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/6 nodes"}
+            ],
+        },
+    }
+    assert pod_observation(unschedulable).message == "Unschedulable: 0/6 nodes"
+
+
+def test_resource_paths_for_core_and_group_kinds() -> None:
+    assert resource_path("v1", "Service", "ns", "s") == "/api/v1/namespaces/ns/services/s"
+    assert resource_path("batch/v1", "Job", "ns") == "/apis/batch/v1/namespaces/ns/jobs"
+    assert (
+        resource_path("ray.io/v1", "RayCluster", "ns", "r") == "/apis/ray.io/v1/namespaces/ns/rayclusters/r"
+    )
