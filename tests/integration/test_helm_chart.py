@@ -1,0 +1,115 @@
+"""The chart, rendered by the real helm binary (built by tests/cluster/build): lint, golden
+renders of the main value combinations, values-schema errors that name the field, and the
+chart's CRD being the very file the generator writes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "helm" / "rljob-operator"
+GOLDEN = Path(__file__).parent / "golden" / "helm"
+
+COMBINATIONS: dict[str, list[str]] = {
+    "default": [],
+    "namespace-scope": ["--set", "scope=namespace", "--set", "watchNamespaces={team-a,team-b}"],
+    "single-replica-servicemonitor": ["--set", "replicaCount=1", "--set", "serviceMonitor.enabled=true"],
+    "existing-serviceaccount": ["--set", "serviceAccount.create=false", "--set", "serviceAccount.name=ops", "--set", "controlRole.create=false"],
+}
+
+
+@pytest.fixture(scope="module")
+def helm() -> str:
+    proc = subprocess.run([str(ROOT / "tests" / "cluster" / "build"), "--print"], capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip("helm is not built yet: run tests/cluster/build (scripts/test does)")
+    return str(Path(proc.stdout.strip()) / "helm")
+
+
+def _helm(helm: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "HELM_CACHE_HOME": "/tmp/rljob-helm/cache", "HELM_CONFIG_HOME": "/tmp/rljob-helm/config", "HELM_DATA_HOME": "/tmp/rljob-helm/data"}
+    proc = subprocess.run([helm, *args], capture_output=True, text=True, env=env, timeout=120)
+    if check:
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+def test_lint_strict_is_clean(helm: str) -> None:
+    for extra in COMBINATIONS.values():
+        _helm(helm, "lint", "--strict", "--kube-version", "1.36.3", str(CHART), *extra)
+
+
+@pytest.mark.parametrize("name", list(COMBINATIONS))
+def test_template_matches_golden(helm: str, name: str) -> None:
+    rendered = _helm(helm, "template", "rljob", str(CHART), "--kube-version", "1.36.3", "--namespace", "rljob-system", *COMBINATIONS[name]).stdout
+    golden = GOLDEN / f"{name}.yaml"
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        golden.write_text(rendered)
+    assert golden.exists(), f"missing {golden}; regenerate with UPDATE_GOLDEN=1"
+    assert rendered == golden.read_text(), f"{golden.name} is stale; regenerate with UPDATE_GOLDEN=1 and review the diff"
+
+
+def _docs(helm: str, *extra: str) -> list[dict]:
+    out = _helm(helm, "template", "rljob", str(CHART), "--kube-version", "1.36.3", "--namespace", "rljob-system", *extra).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def test_operator_pod_is_locked_down(helm: str) -> None:
+    deploy = next(d for d in _docs(helm) if d["kind"] == "Deployment")
+    pod = deploy["spec"]["template"]["spec"]
+    assert deploy["spec"]["replicas"] == 2
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+    container = pod["containers"][0]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    assert "--all-namespaces" in container["args"]
+
+
+def test_namespace_scope_uses_roles_not_a_cluster_role_for_workloads(helm: str) -> None:
+    docs = _docs(helm, "--set", "scope=namespace", "--set", "watchNamespaces={team-a,team-b}")
+    roles = {(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]) for d in docs if d["kind"] in ("Role", "ClusterRole")}
+    assert ("Role", "team-a", "rljob-rljob-operator") in roles and ("Role", "team-b", "rljob-rljob-operator") in roles
+    cluster_roles = [d for d in docs if d["kind"] == "ClusterRole"]
+    for cr in cluster_roles:
+        resources = {r for rule in cr["rules"] for r in rule["resources"]}
+        assert "pods" not in resources, f"{cr['metadata']['name']} grants pods cluster-wide in namespace scope"
+
+
+def test_rbac_is_least_privilege(helm: str) -> None:
+    docs = _docs(helm)
+    verbs = {(r, v) for d in docs if d["kind"] in ("Role", "ClusterRole") for rule in d["rules"] for r in rule["resources"] for v in rule["verbs"]}
+    assert not any(v == "*" or r == "*" for r, v in verbs), "no wildcards"
+    assert ("secrets", "get") not in verbs and ("secrets", "list") not in verbs
+    assert ("rljobs/control", "update") in verbs, "the trainer-side ClusterRole for the controller API"
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        (["--set", "replicaCount=0"], "replicaCount"),
+        (["--set", "scope=everywhere"], "scope"),
+        (["--set", "image.pullPolicy=Sometimes"], "pullPolicy"),
+        (["--set", "metrics.port=http"], "port"),
+        (["--set", "replicas=3"], "replicas"),
+    ],
+)
+def test_bad_values_fail_with_the_field_named(helm: str, args: list[str], field: str) -> None:
+    proc = _helm(helm, "template", "rljob", str(CHART), "--kube-version", "1.36.3", *args, check=False)
+    assert proc.returncode != 0
+    assert field in proc.stderr, proc.stderr
+
+
+def test_chart_crd_is_the_generated_file(helm: str) -> None:
+    chart_crd = CHART / "crds" / "rljob.yaml"
+    assert chart_crd.resolve() == (ROOT / "crds" / "rljob.yaml").resolve(), "the chart must ship crds/rljob.yaml itself"
+    out = _helm(helm, "template", "rljob", str(CHART), "--kube-version", "1.36.3", "--include-crds").stdout
+    crds = [d for d in yaml.safe_load_all(out) if d and d["kind"] == "CustomResourceDefinition"]
+    assert [c["metadata"]["name"] for c in crds] == ["rljobs.rljob.io"]
