@@ -1,0 +1,103 @@
+"""The executor's settings as plain, picklable data (they travel into the Ray actor).
+
+Built from an RLJob manifest (`from_spec`) so the executor reads exactly what the user wrote
+in `spec.rollout`; everything else (where engines are, where state goes) comes from the
+command line of `python -m rollout_executor`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from controller_runtime.api.spec import RLJobSpec
+
+ACTOR_NAMESPACE = "rljob"
+
+
+def actor_name(job: str) -> str:
+    """The named detached actor of a job (namespace `rljob`)."""
+    return f"rljob-executor-{job}"
+
+
+@dataclass(frozen=True)
+class EngineSource:
+    """Where the serving engines are found; exactly one way is used, first match wins.
+
+    - `endpoints`: a fixed list of base URLs (tests, local mode before the controller exists);
+    - `router_url`: one URL (a router) that spreads requests itself;
+    - `controller_url`: the operator's controller API; `cells.servingEndpoints` is polled;
+    - `engines_url`: the `<job>-engines` Service URL.
+    """
+
+    endpoints: tuple[str, ...] = ()
+    router_url: str | None = None
+    controller_url: str | None = None
+    engines_url: str | None = None
+    namespace: str = "default"
+    token_path: str | None = None
+    refresh_seconds: float = 2.0
+
+
+@dataclass(frozen=True)
+class ExecutorConfig:
+    job: str
+    dataset_path: str
+    model: str
+    dataset_format: str | None = None
+    prompt_field: str = "prompt"
+    label_field: str | None = "label"
+    shuffle: bool = True
+    seed: int = 0
+    n_samples_per_prompt: int = 8
+    max_tokens: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    reward_function: str = "rollout_executor.rewards:exact_match"
+    reward_args: dict[str, Any] = field(default_factory=dict)
+    batch_size: int = 8
+    max_staleness: int = 1
+    concurrency: int = 16
+    on_weight_update: str = "drain"
+    tokenizer_path: str | None = None
+    state_dir: str | None = None
+    engines: EngineSource = field(default_factory=EngineSource)
+    request_timeout_seconds: float = 300.0
+    max_attempts_per_sample: int = 20
+    no_engine_timeout_seconds: float = 600.0
+    eval_dataset_path: str | None = None
+    eval_prompts: int = 16
+    eval_max_tokens: int | None = None
+    data_host: str = "127.0.0.1"
+    data_port: int = 0
+    data_advertise_host: str | None = None
+
+    @classmethod
+    def from_spec(cls, job: str, spec: RLJobSpec, **overrides: Any) -> ExecutorConfig:
+        r = spec.rollout
+        model = spec.model.path or "/models"
+        base: dict[str, Any] = dict(
+            job=job,
+            dataset_path=r.dataset.path,
+            dataset_format=r.dataset.format,
+            prompt_field=r.dataset.prompt_field,
+            label_field=r.dataset.label_field,
+            shuffle=r.dataset.shuffle,
+            seed=r.dataset.seed,
+            n_samples_per_prompt=r.sampling.n_samples_per_prompt,
+            max_tokens=r.sampling.max_tokens,
+            temperature=r.sampling.temperature,
+            top_p=r.sampling.top_p,
+            reward_function=r.reward.function,
+            reward_args=dict(r.reward.args),
+            batch_size=r.batch_size,
+            max_staleness=r.max_staleness,
+            concurrency=r.concurrency,
+            on_weight_update=str(r.on_weight_update),
+            model=model,
+            tokenizer_path=spec.model.tokenizer or spec.model.path,
+        )
+        if spec.inference.router is not None and "engines" not in overrides:
+            base["engines"] = EngineSource(router_url=spec.inference.router.url)
+        base.update(overrides)
+        return cls(**base)

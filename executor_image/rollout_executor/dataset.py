@@ -1,0 +1,155 @@
+"""Prompts from a JSONL or Parquet file, shuffled deterministically per epoch, resumable.
+
+The order of epoch `e` is a pure function of (seed, e), so the reading position
+(`epoch`, `offset`) is all the state a restart needs: `PromptDataset.position` /
+`seek(position)`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+class DatasetError(Exception):
+    """The dataset cannot be read; the message names the spec field to fix."""
+
+
+@dataclass(frozen=True)
+class Prompt:
+    index: int
+    """Row in the file (stable across epochs and restarts)."""
+    text: str
+    label: Any
+    record: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Position:
+    epoch: int = 0
+    offset: int = 0
+
+    def to_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "offset": self.offset}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Position:
+        return cls(epoch=int(d["epoch"]), offset=int(d["offset"]))
+
+
+def _format_of(path: Path, fmt: str | None) -> str:
+    if fmt:
+        return str(fmt)
+    if path.suffix in (".parquet", ".pq"):
+        return "parquet"
+    if path.suffix in (".jsonl", ".json", ".ndjson"):
+        return "jsonl"
+    raise DatasetError(
+        f"spec.rollout.dataset.path {str(path)!r}: cannot tell the format from the extension; "
+        "set spec.rollout.dataset.format to jsonl or parquet"
+    )
+
+
+def read_records(path: str, fmt: str | None = None) -> list[dict[str, Any]]:
+    p = Path(path)
+    if not p.is_file():
+        raise DatasetError(f"spec.rollout.dataset.path {path!r} does not exist or is not a file")
+    kind = _format_of(p, fmt)
+    if kind == "jsonl":
+        records = []
+        with p.open(encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise DatasetError(f"spec.rollout.dataset.path {path!r} line {lineno}: not JSON ({e})") from e
+                if not isinstance(rec, dict):
+                    raise DatasetError(f"spec.rollout.dataset.path {path!r} line {lineno}: expected a JSON object")
+                records.append(rec)
+        return records
+    if kind == "parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_table(p).to_pylist()
+    raise DatasetError(f"spec.rollout.dataset.format {kind!r} is not supported (jsonl or parquet)")
+
+
+class PromptDataset:
+    def __init__(
+        self,
+        records: list[dict[str, Any]],
+        prompt_field: str = "prompt",
+        label_field: str | None = "label",
+        shuffle: bool = True,
+        seed: int = 0,
+        source: str = "<memory>",
+    ) -> None:
+        if not records:
+            raise DatasetError(f"spec.rollout.dataset.path {source!r} holds no prompts")
+        missing = [i for i, r in enumerate(records) if prompt_field not in r]
+        if missing:
+            raise DatasetError(
+                f"spec.rollout.dataset.promptField {prompt_field!r} is missing from {len(missing)} rows of "
+                f"{source!r} (first: row {missing[0]})"
+            )
+        self._records = records
+        self.prompt_field = prompt_field
+        self.label_field = label_field
+        self.shuffle = shuffle
+        self.seed = seed
+        self._pos = Position()
+        self._order_cache: tuple[int, np.ndarray] | None = None
+
+    @classmethod
+    def from_path(cls, path: str, fmt: str | None = None, **kwargs: Any) -> PromptDataset:
+        return cls(read_records(path, fmt), source=path, **kwargs)
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def order(self, epoch: int) -> np.ndarray:
+        """Row order of an epoch: a permutation seeded by (seed, epoch), or file order."""
+        if self._order_cache is not None and self._order_cache[0] == epoch:
+            return self._order_cache[1]
+        n = len(self._records)
+        order = np.random.default_rng([self.seed, epoch]).permutation(n) if self.shuffle else np.arange(n)
+        self._order_cache = (epoch, order)
+        return order
+
+    def prompt(self, index: int) -> Prompt:
+        rec = self._records[index]
+        label = rec.get(self.label_field) if self.label_field else None
+        return Prompt(index=index, text=str(rec[self.prompt_field]), label=label, record=rec)
+
+    @property
+    def position(self) -> Position:
+        return self._pos
+
+    def seek(self, position: Position) -> None:
+        if position.offset < 0 or position.offset > len(self._records) or position.epoch < 0:
+            raise DatasetError(f"saved dataset position {position} does not fit a dataset of {len(self)} rows")
+        self._pos = position
+
+    def take(self, count: int) -> list[Prompt]:
+        """The next `count` prompts, crossing into the next epoch (reshuffled) when one ends."""
+        out: list[Prompt] = []
+        epoch, offset = self._pos.epoch, self._pos.offset
+        while len(out) < count:
+            if offset >= len(self._records):
+                epoch, offset = epoch + 1, 0
+            order = self.order(epoch)
+            take = min(count - len(out), len(order) - offset)
+            out.extend(self.prompt(int(i)) for i in order[offset : offset + take])
+            offset += take
+        self._pos = Position(epoch, offset)
+        return out
+
+    def head(self, count: int) -> list[Prompt]:
+        """The first `count` rows in file order (an eval set that never moves)."""
+        return [self.prompt(i) for i in range(min(count, len(self._records)))]

@@ -1,0 +1,355 @@
+"""The RolloutExecutor itself: pure asyncio, no Ray (the Ray actor in actor.py wraps it).
+
+A rollout is `batch_size` prompts x `n_samples_per_prompt` samples. `generate(id)` starts it in
+the background (the trainer may overlap it with training); `get_batch(id)` waits for it,
+drops GRPO groups that became too stale and regenerates them, and freezes the batch so that
+every trainer rank shards the same one. Samples are stored by SampleKey: an answer for a key
+that is already stored is discarded, so retries never duplicate a sample.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from rljob_client.trainbatch import TrainBatch
+
+from rollout_executor.batching import build_batch, check_groups_complete
+from rollout_executor.config import ExecutorConfig
+from rollout_executor.dataset import Position, Prompt, PromptDataset
+from rollout_executor.evaluation import EvalFleetProvider, run_eval
+from rollout_executor.generation import (
+    EndpointsProvider,
+    EnginePool,
+    Generator,
+    SamplingParams,
+    WeightGate,
+    static_endpoints,
+)
+from rollout_executor.rewards import load_reward, score
+from rollout_executor.samples import Sample, SampleKey, VocabInfo
+from rollout_executor.staleness import VersionTracker, parse_version
+from rollout_executor.state import ExecutorState, load_state, save_state
+
+log = logging.getLogger(__name__)
+
+KEEP_FINISHED_ROLLOUTS = 4
+
+
+@dataclass
+class Rollout:
+    rollout_id: int
+    prompts: list[Prompt]
+    start: Position
+    end: Position
+    samples: dict[SampleKey, Sample] = field(default_factory=dict)
+    task: asyncio.Task[None] | None = None
+    batch: TrainBatch | None = None
+    fetched_ranks: set[int] = field(default_factory=set)
+    regenerations: int = 0
+    error_reported: bool = False
+    started_at: float = field(default_factory=time.monotonic)
+    finished_at: float | None = None
+
+
+class RolloutExecutor:
+    def __init__(
+        self,
+        config: ExecutorConfig,
+        endpoints_provider: EndpointsProvider | None = None,
+        eval_fleet_provider: EvalFleetProvider | None = None,
+        dataset: PromptDataset | None = None,
+        vocab: VocabInfo | None = None,
+    ) -> None:
+        self.config = config
+        if endpoints_provider is None:
+            if not config.engines.endpoints:
+                raise ValueError("no engines: pass endpoints_provider or set config.engines.endpoints")
+            endpoints_provider = static_endpoints(list(config.engines.endpoints))
+        self._provider = endpoints_provider
+        self._eval_provider = eval_fleet_provider
+        self.dataset = dataset or PromptDataset.from_path(
+            config.dataset_path,
+            config.dataset_format,
+            prompt_field=config.prompt_field,
+            label_field=config.label_field,
+            shuffle=config.shuffle,
+            seed=config.seed,
+        )
+        self.eval_dataset = (
+            PromptDataset.from_path(config.eval_dataset_path, prompt_field=config.prompt_field, label_field=config.label_field, shuffle=False)
+            if config.eval_dataset_path
+            else self.dataset
+        )
+        self.vocab = vocab or (VocabInfo.from_model_dir(config.tokenizer_path) if config.tokenizer_path else None)
+        self.reward_name = config.reward_function
+        self.reward_fn = load_reward(config.reward_function)
+        self.versions = VersionTracker(max_staleness=config.max_staleness)
+        self.rollouts: dict[int, Rollout] = {}
+        self.sampling = SamplingParams(max_tokens=config.max_tokens, temperature=config.temperature, top_p=config.top_p)
+        self._session: aiohttp.ClientSession | None = None
+        self._generator: Generator | None = None
+        self._gate: WeightGate | None = None
+        self._update_lock = asyncio.Lock()
+        self.duplicates_discarded = 0
+
+    # ---- lifecycle ---------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._session is not None:
+            return
+        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        self._gate = WeightGate(version=self.versions.current)
+        pool = EnginePool(
+            provider=self._provider,
+            concurrency=self.config.concurrency,
+            refresh_seconds=self.config.engines.refresh_seconds,
+            no_engine_timeout_seconds=self.config.no_engine_timeout_seconds,
+        )
+        self._generator = Generator(
+            pool,
+            self._gate,
+            self.sampling,
+            self._session,
+            model=self.config.model,
+            request_timeout_seconds=self.config.request_timeout_seconds,
+            max_attempts=self.config.max_attempts_per_sample,
+        )
+
+    async def close(self) -> None:
+        for ro in self.rollouts.values():
+            if ro.task is not None and not ro.task.done():
+                ro.task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await ro.task
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    @property
+    def generator(self) -> Generator:
+        if self._generator is None:
+            raise RuntimeError("RolloutExecutor.start() was not awaited")
+        return self._generator
+
+    # ---- generation --------------------------------------------------------------------
+
+    def _ensure(self, rollout_id: int) -> Rollout:
+        """The rollout, its prompts taken from the dataset on first sight and generation started."""
+        ro = self.rollouts.get(rollout_id)
+        if ro is None:
+            start = self.dataset.position
+            prompts = self.dataset.take(self.config.batch_size)
+            ro = Rollout(rollout_id, prompts, start, self.dataset.position)
+            self.rollouts[rollout_id] = ro
+        if ro.batch is None and ro.task is None:
+            ro.task = asyncio.ensure_future(self._fill(ro))
+        return ro
+
+    def _missing(self, ro: Rollout) -> list[SampleKey]:
+        n = self.config.n_samples_per_prompt
+        return [
+            SampleKey(ro.rollout_id, g, s)
+            for g in range(len(ro.prompts))
+            for s in range(n)
+            if SampleKey(ro.rollout_id, g, s) not in ro.samples
+        ]
+
+    async def _one(self, ro: Rollout, key: SampleKey) -> None:
+        prompt = ro.prompts[key.group]
+        c = await self.generator.complete(key, prompt.text)
+        sample = Sample(
+            key=key,
+            prompt_index=prompt.index,
+            prompt=prompt.text,
+            label=prompt.label,
+            prompt_token_ids=c.prompt_token_ids,
+            response_token_ids=c.token_ids,
+            response_logprobs=c.logprobs,
+            response=c.text,
+            finish_reason=c.finish_reason,
+            weight_version=c.weight_version,
+            engine=c.engine,
+            record=prompt.record,
+        )
+        sample.reward = await score(self.reward_fn, self.reward_name, sample.reward_input(self.vocab), self.config.reward_args)
+        if key in ro.samples:
+            self.duplicates_discarded += 1
+            return
+        ro.samples[key] = sample
+
+    async def _fill(self, ro: Rollout) -> None:
+        """Generate and score every missing sample; the first error cancels the rest."""
+        tasks = [asyncio.ensure_future(self._one(ro, k)) for k in self._missing(ro)]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        ro.finished_at = time.monotonic()
+
+    def generate(self, rollout_id: int) -> None:
+        """Start generating a rollout in the background (idempotent)."""
+        self._ensure(int(rollout_id))
+
+    async def get_batch(self, rollout_id: int) -> TrainBatch:
+        """The whole, frozen batch of a rollout: complete groups, no sample older than maxStaleness."""
+        ro = self._ensure(int(rollout_id))
+        while ro.batch is None:
+            assert ro.task is not None
+            if ro.task.done() and (ro.task.cancelled() or ro.task.exception() is not None) and ro.error_reported:
+                ro.error_reported = False
+                ro.task = asyncio.ensure_future(self._fill(ro))  # a new request after a reported failure: retry
+            try:
+                await asyncio.shield(ro.task)
+            except Exception:
+                ro.error_reported = True
+                raise
+            if ro.batch is not None:
+                break
+            by_group: dict[int, list[int]] = {}
+            for k, s in ro.samples.items():
+                by_group.setdefault(k.group, []).append(s.weight_version)
+            stale = self.versions.stale_groups(by_group)
+            if stale:
+                dropped = [k for k in ro.samples if k.group in set(stale)]
+                for k in dropped:
+                    del ro.samples[k]
+                self.versions.count_drop(len(stale), len(dropped))
+                ro.regenerations += 1
+                log.info("rollout %d: dropped %d stale groups (%d samples) at version %d; regenerating", ro.rollout_id, len(stale), len(dropped), self.versions.current)
+                ro.task = asyncio.ensure_future(self._fill(ro))
+                continue
+            if self._missing(ro):
+                ro.task = asyncio.ensure_future(self._fill(ro))
+                continue
+            samples = list(ro.samples.values())
+            check_groups_complete(samples, len(ro.prompts), self.config.n_samples_per_prompt)
+            batch = build_batch(samples, ro.rollout_id, self.config.n_samples_per_prompt)
+            batch.meta.update(weight_version=self.versions.current, regenerations=ro.regenerations)
+            ro.batch = batch
+        return ro.batch
+
+    async def get(self, rollout_id: int, rank: int = 0, world_size: int = 1) -> TrainBatch:
+        batch = await self.get_batch(rollout_id)
+        shard = batch.shard(rank, world_size)
+        self.mark_fetched(int(rollout_id), rank, world_size)
+        return shard
+
+    def mark_fetched(self, rollout_id: int, rank: int, world_size: int) -> None:
+        """Forget a rollout's batch once every rank took its shard (and old finished ones)."""
+        ro = self.rollouts.get(rollout_id)
+        if ro is None:
+            return
+        ro.fetched_ranks.add(rank)
+        done = [r for r, x in self.rollouts.items() if x.batch is not None]
+        if len(ro.fetched_ranks) >= world_size:
+            ro.samples.clear()
+        for r in done[:-KEEP_FINISHED_ROLLOUTS]:
+            self.rollouts.pop(r, None)
+
+    # ---- weights -----------------------------------------------------------------------
+
+    def set_weight_version(self, version: int | str) -> int:
+        v = self.versions.set(version)
+        if self._gate is not None:
+            self._gate.version = v
+        return v
+
+    async def begin_weight_update(self) -> dict[str, Any]:
+        """Stop starting requests; drain or abort in-flight ones (spec.rollout.onWeightUpdate)."""
+        await self._update_lock.acquire()
+        assert self._gate is not None
+        n = await self._gate.close(self.config.on_weight_update)
+        return {"mode": self.config.on_weight_update, "in_flight": n}
+
+    async def end_weight_update(self, version: int | str | None = None) -> int:
+        """Record the new version and let generation (and aborted retries) continue on it."""
+        assert self._gate is not None
+        try:
+            if version is not None:
+                self.set_weight_version(version)
+            self._gate.open(self.versions.current)
+        finally:
+            if self._update_lock.locked():
+                self._update_lock.release()
+        return self.versions.current
+
+    # ---- eval, state, stats ------------------------------------------------------------
+
+    async def eval(self, rollout_id: int) -> dict[str, Any]:
+        assert self._session is not None
+        return await run_eval(
+            rollout_id=int(rollout_id),
+            fleet_provider=self._eval_provider,
+            prompts=self.eval_dataset.head(self.config.eval_prompts),
+            session=self._session,
+            reward_fn=self.reward_fn,
+            reward_name=self.reward_name,
+            reward_args=self.config.reward_args,
+            vocab=self.vocab,
+            max_tokens=self.config.eval_max_tokens or self.config.max_tokens,
+            model=self.config.model,
+            concurrency=self.config.concurrency,
+        )
+
+    def save(self, rollout_id: int) -> str:
+        """Persist the position after `rollout_id`'s prompts; later rollouts are redone after a restart."""
+        if not self.config.state_dir:
+            raise ValueError("no state directory configured (--state-dir)")
+        ro = self.rollouts.get(int(rollout_id))
+        pos = ro.end if ro is not None else self.dataset.position
+        state = ExecutorState(
+            rollout_id=int(rollout_id),
+            dataset_epoch=pos.epoch,
+            dataset_offset=pos.offset,
+            weight_version=self.versions.current,
+            job=self.config.job,
+        )
+        return str(save_state(self.config.state_dir, state))
+
+    def load(self) -> int | None:
+        """Resume from the newest saved state; returns its rollout id (None: nothing saved)."""
+        if not self.config.state_dir:
+            return None
+        state = load_state(self.config.state_dir)
+        if state is None:
+            return None
+        for ro in self.rollouts.values():
+            if ro.task is not None:
+                ro.task.cancel()
+        self.rollouts.clear()
+        self.dataset.seek(Position(state.dataset_epoch, state.dataset_offset))
+        self.versions.current = max(self.versions.current, parse_version(state.weight_version))
+        if self._gate is not None:
+            self._gate.version = self.versions.current
+        return state.rollout_id
+
+    def stats(self) -> dict[str, Any]:
+        g = self._generator
+        return {
+            "job": self.config.job,
+            "weight_version": self.versions.current,
+            "max_staleness": self.versions.max_staleness,
+            "stale_dropped_samples": self.versions.dropped_samples,
+            "stale_dropped_groups": self.versions.dropped_groups,
+            "duplicates_discarded": self.duplicates_discarded,
+            "completed_requests": g.stats.completed if g else 0,
+            "retried_requests": g.stats.retried if g else 0,
+            "aborted_retries": g.stats.aborted_retries if g else 0,
+            "in_flight": self._gate.in_flight if self._gate else 0,
+            "updating_weights": bool(self._gate and not self._gate.is_open),
+            "dataset_position": self.dataset.position.to_dict(),
+            "rollouts": {
+                r: {"samples": len(x.samples), "done": x.batch is not None, "regenerations": x.regenerations}
+                for r, x in self.rollouts.items()
+            },
+            "engines": g.pool.stats() if g else {},
+        }
+

@@ -1,0 +1,350 @@
+"""Completions from the serving engines over the OpenAI API, with retries that lose nothing.
+
+- `EnginePool` knows the engines (from an injectable `endpoints_provider`), how many requests
+  each has in flight (at most `concurrency`), and which failed recently (a short, growing
+  cool-down), and hands out the least-loaded healthy one.
+- `WeightGate` is the weight-update bracket: while closed no request starts; `drain` waits for
+  the in-flight ones, `abort` cancels them (closing the connection makes vLLM abort the
+  request) and their samples are retried once the gate opens on the new weights.
+- `Generator.complete(key, prompt)` returns one completion with token ids and logprobs. A
+  request that fails on one engine is retried on another; the caller stores results by
+  SampleKey, so nothing is lost or counted twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from rollout_executor.samples import SampleKey
+
+log = logging.getLogger(__name__)
+
+EndpointsProvider = Callable[[], Awaitable[list[str]]]
+VERSION_HEADER = "X-Weight-Version"
+
+
+class GenerationError(Exception):
+    """A sample cannot be generated (request rejected, attempts or waiting time exhausted)."""
+
+
+class EngineFailure(Exception):
+    """One attempt failed because of the engine (connection, 5xx, garbage): try another."""
+
+
+def static_endpoints(urls: list[str]) -> EndpointsProvider:
+    fixed = [u.rstrip("/") for u in urls]
+
+    async def provider() -> list[str]:
+        return list(fixed)
+
+    return provider
+
+
+@dataclass
+class _EngineState:
+    in_flight: int = 0
+    failures: int = 0
+    cooldown_until: float = 0.0
+    requests: int = 0
+    errors: int = 0
+
+
+@dataclass
+class EnginePool:
+    provider: EndpointsProvider
+    concurrency: int
+    refresh_seconds: float = 2.0
+    no_engine_timeout_seconds: float = 600.0
+    max_cooldown_seconds: float = 10.0
+    clock: Callable[[], float] = time.monotonic
+    _engines: dict[str, _EngineState] = field(default_factory=dict)
+    _current: list[str] = field(default_factory=list)
+    _refreshed_at: float = -1e18
+    _changed: asyncio.Condition | None = None
+
+    def _cond(self) -> asyncio.Condition:
+        if self._changed is None:
+            self._changed = asyncio.Condition()
+        return self._changed
+
+    async def refresh(self, force: bool = False) -> list[str]:
+        now = self.clock()
+        if not force and now - self._refreshed_at < self.refresh_seconds:
+            return self._current
+        try:
+            urls = [u.rstrip("/") for u in await self.provider()]
+        except Exception as e:  # keep serving from the last list; the provider may come back
+            log.warning("engine discovery failed, keeping %d known engines: %s", len(self._current), e)
+            self._refreshed_at = now
+            return self._current
+        self._refreshed_at = now
+        self._current = urls
+        for u in urls:
+            self._engines.setdefault(u, _EngineState())
+        return urls
+
+    def _pick(self, urls: list[str], exclude: set[str]) -> str | None:
+        now = self.clock()
+        free = [u for u in urls if self._engines[u].in_flight < self.concurrency and self._engines[u].cooldown_until <= now]
+        preferred = [u for u in free if u not in exclude] or free
+        if not preferred:
+            return None
+        return min(preferred, key=lambda u: (self._engines[u].in_flight, self._engines[u].failures))
+
+    async def acquire(self, exclude: set[str] | None = None) -> str:
+        """An engine with a free slot; waits (re-discovering engines) up to no_engine_timeout."""
+        exclude = exclude or set()
+        deadline = self.clock() + self.no_engine_timeout_seconds
+        cond = self._cond()
+        while True:
+            urls = await self.refresh()
+            url = self._pick(urls, exclude)
+            if url is not None:
+                st = self._engines[url]
+                st.in_flight += 1
+                st.requests += 1
+                return url
+            if self.clock() >= deadline:
+                raise GenerationError(
+                    f"no serving engine had a free slot for {self.no_engine_timeout_seconds:.0f}s "
+                    f"(known engines: {urls or 'none'})"
+                )
+            async with cond:
+                try:
+                    await asyncio.wait_for(cond.wait(), timeout=min(0.5, self.refresh_seconds))
+                except TimeoutError:
+                    pass
+
+    async def release(self, url: str, ok: bool) -> None:
+        st = self._engines[url]
+        st.in_flight -= 1
+        if ok:
+            st.failures = 0
+        else:
+            st.failures += 1
+            st.errors += 1
+            st.cooldown_until = self.clock() + min(self.max_cooldown_seconds, 0.25 * 2 ** (st.failures - 1))
+            self._refreshed_at = -1e18  # the fleet may have changed: ask again
+        cond = self._cond()
+        async with cond:
+            cond.notify_all()
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        return {u: {"in_flight": s.in_flight, "requests": s.requests, "errors": s.errors} for u, s in self._engines.items()}
+
+
+class WeightGate:
+    """Brackets weight updates: closed → no new request; drain or abort the in-flight ones."""
+
+    def __init__(self, version: int = 0) -> None:
+        self.version = version
+        self._open = asyncio.Event()
+        self._open.set()
+        self._in_flight: set[asyncio.Future[Any]] = set()
+        self._aborted: set[asyncio.Future[Any]] = set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.aborted_requests = 0
+
+    @property
+    def is_open(self) -> bool:
+        return self._open.is_set()
+
+    async def wait_open(self) -> None:
+        await self._open.wait()
+
+    def track(self, fut: asyncio.Future[Any]) -> None:
+        self._in_flight.add(fut)
+        self._idle.clear()
+
+    def untrack(self, fut: asyncio.Future[Any]) -> None:
+        self._in_flight.discard(fut)
+        self._aborted.discard(fut)
+        if not self._in_flight:
+            self._idle.set()
+
+    def was_aborted(self, fut: asyncio.Future[Any]) -> bool:
+        return fut in self._aborted
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._in_flight)
+
+    async def close(self, mode: str) -> int:
+        """Close the gate; `drain` waits for in-flight requests, `abort` cancels them. Returns how many."""
+        self._open.clear()
+        n = len(self._in_flight)
+        if mode == "abort":
+            for fut in list(self._in_flight):
+                self._aborted.add(fut)
+                fut.cancel()
+            self.aborted_requests += n
+        elif mode != "drain":
+            raise ValueError(f"spec.rollout.onWeightUpdate {mode!r}: expected drain or abort")
+        await self._idle.wait()
+        return n
+
+    def open(self, version: int | None = None) -> None:
+        if version is not None:
+            self.version = version
+        self._open.set()
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+
+
+@dataclass(frozen=True)
+class Completion:
+    key: SampleKey
+    engine: str
+    weight_version: int
+    text: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str | None
+
+
+@dataclass
+class GeneratorStats:
+    completed: int = 0
+    retried: int = 0
+    aborted_retries: int = 0
+
+
+class Generator:
+    def __init__(
+        self,
+        pool: EnginePool,
+        gate: WeightGate,
+        sampling: SamplingParams,
+        session: aiohttp.ClientSession,
+        model: str | None = None,
+        request_timeout_seconds: float = 300.0,
+        max_attempts: int = 20,
+    ) -> None:
+        self.pool = pool
+        self.gate = gate
+        self.sampling = sampling
+        self.session = session
+        self.model = model
+        self.timeout = aiohttp.ClientTimeout(total=request_timeout_seconds)
+        self.max_attempts = max_attempts
+        self.stats = GeneratorStats()
+        self._model_names: dict[str, str] = {}
+
+    async def _model_name(self, url: str) -> str:
+        """The name the engine serves (vLLM: --served-model-name, default the --model path)."""
+        if url in self._model_names:
+            return self._model_names[url]
+        try:
+            async with self.session.get(f"{url}/v1/models", timeout=aiohttp.ClientTimeout(total=10)) as r:
+                if r.status >= 500:
+                    raise EngineFailure(f"{url}/v1/models: HTTP {r.status}")
+                data = await r.json(content_type=None) if r.status == 200 else {}
+        except (aiohttp.ClientError, TimeoutError, ValueError) as e:
+            raise EngineFailure(f"{url}/v1/models: {type(e).__name__}: {e}") from e
+        models = [m.get("id") for m in data.get("data", []) if m.get("id")]
+        name = self.model if self.model in models or not models else models[0]
+        if name is None:
+            raise EngineFailure(f"{url}/v1/models lists no model")
+        self._model_names[url] = name
+        return name
+
+    async def _post(self, url: str, key: SampleKey, prompt: str, version: int, sampling: SamplingParams) -> Completion:
+        payload = {
+            "model": await self._model_name(url),
+            "prompt": prompt,
+            "max_tokens": sampling.max_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "n": 1,
+            "logprobs": 0,
+            "return_token_ids": True,
+        }
+        try:
+            async with self.session.post(f"{url}/v1/completions", json=payload, timeout=self.timeout) as r:
+                body = await r.read()
+                if r.status >= 500 or r.status in (408, 429):
+                    raise EngineFailure(f"{url}: HTTP {r.status}: {body[:200]!r}")
+                if r.status >= 400:
+                    raise GenerationError(f"{url} rejected the request for {key}: HTTP {r.status}: {body[:500]!r}")
+                header_version = r.headers.get(VERSION_HEADER)
+                data = json.loads(body)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as e:
+            raise EngineFailure(f"{url}: {type(e).__name__}: {e}") from e
+        try:
+            choice = data["choices"][0]
+            token_ids = [int(t) for t in choice["token_ids"]]
+            logprobs = [float(x) for x in choice["logprobs"]["token_logprobs"]]
+            prompt_ids = [int(t) for t in choice["prompt_token_ids"]]
+        except (KeyError, IndexError, TypeError, ValueError) as e:
+            raise EngineFailure(f"{url}: completion without token ids/logprobs ({type(e).__name__}: {e})") from e
+        if choice.get("finish_reason") == "abort":
+            raise EngineFailure(f"{url}: request aborted by the engine (paused for a weight update?)")
+        if len(token_ids) != len(logprobs):
+            raise EngineFailure(f"{url}: {len(token_ids)} token ids but {len(logprobs)} logprobs")
+        if header_version is not None:
+            try:
+                version = int(header_version)
+            except ValueError:
+                log.warning("%s sent a non-integer %s %r; using %d", url, VERSION_HEADER, header_version, version)
+        return Completion(
+            key=key,
+            engine=url,
+            weight_version=version,
+            text=str(choice.get("text", "")),
+            prompt_token_ids=prompt_ids,
+            token_ids=token_ids,
+            logprobs=logprobs,
+            finish_reason=choice.get("finish_reason"),
+        )
+
+    async def complete(self, key: SampleKey, prompt: str, sampling: SamplingParams | None = None) -> Completion:
+        """One sample, retried on other engines until it succeeds or attempts run out."""
+        sampling = sampling or self.sampling
+        failed: set[str] = set()
+        errors: list[str] = []
+        attempts = 0
+        while True:
+            await self.gate.wait_open()
+            version = self.gate.version
+            url = await self.pool.acquire(exclude=failed)
+            req = asyncio.ensure_future(self._post(url, key, prompt, version, sampling))
+            self.gate.track(req)
+            ok = False
+            try:
+                result = await req
+                ok = True
+                self.stats.completed += 1
+                return result
+            except asyncio.CancelledError:
+                me = asyncio.current_task()
+                if self.gate.was_aborted(req) and (me is None or me.cancelling() == 0):
+                    ok = True  # the engine is fine; the weights are changing
+                    self.stats.aborted_retries += 1
+                    continue
+                raise
+            except EngineFailure as e:
+                attempts += 1
+                failed.add(url)
+                errors.append(str(e))
+                self.stats.retried += 1
+                log.info("retrying %s elsewhere after: %s", key, e)
+                if attempts >= self.max_attempts:
+                    raise GenerationError(f"{key} failed {attempts} times; last errors: {errors[-3:]}") from e
+            finally:
+                self.gate.untrack(req)
+                await self.pool.release(url, ok)

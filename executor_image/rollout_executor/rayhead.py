@@ -1,0 +1,131 @@
+"""Start and stop a Ray head that this process owns (the executor pod's, local mode's, tests').
+
+`ray start --head --block` runs as a child in its own process group; stopping sends it
+SIGTERM (it stops the Ray processes it started) and then SIGKILLs whatever is left of that
+group. Never `ray stop`: it kills every Ray on the machine, other people's too.
+
+Ports: every port Ray would otherwise take at a fixed number (dashboard 8265, dashboard agent
+52365, worker ports 10002-19999) is chosen free here, so several heads can share a machine.
+Ray rewrites a node address of 127.0.0.1 to the host's external address
+(`services.resolve_ip_for_localhost`); to stay on loopback we use 127.0.0.2, which Linux
+routes to `lo` as well. The client server listens on 127.0.0.1 too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+LOOPBACK_NODE_IP = "127.0.0.2"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _port_open(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host, port)) == 0
+
+
+@dataclass
+class RayHead:
+    process: subprocess.Popen[bytes]
+    node_ip: str
+    gcs_port: int
+    client_port: int
+    temp_dir: str
+    log_path: str
+
+    @property
+    def address(self) -> str:
+        """For a driver on this node: `ray.init(address=...)`."""
+        return f"{self.node_ip}:{self.gcs_port}"
+
+    @property
+    def client_address(self) -> str:
+        """For Ray Client: `ray.init("ray://...")`."""
+        return f"ray://127.0.0.1:{self.client_port}" if self.node_ip == LOOPBACK_NODE_IP else f"ray://{self.node_ip}:{self.client_port}"
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def log_tail(self, n: int = 30) -> str:
+        with contextlib.suppress(OSError):
+            return "\n".join(Path(self.log_path).read_text(errors="replace").splitlines()[-n:])
+        return ""
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        pgid = self.process.pid  # start_new_session: the group is ours alone
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=grace_s)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=5)
+
+
+def start_ray_head(
+    node_ip: str = "127.0.0.1",
+    client_port: int | None = None,
+    gcs_port: int | None = None,
+    num_cpus: int = 2,
+    object_store_bytes: int = 500 * 1024 * 1024,
+    temp_dir: str | None = None,
+    startup_timeout_s: float = 120.0,
+    python: str = sys.executable,
+) -> RayHead:
+    """A Ray head with a Ray Client server; returns once both GCS and client ports answer."""
+    if node_ip in ("127.0.0.1", "localhost"):
+        node_ip = LOOPBACK_NODE_IP
+    gcs_port = gcs_port or free_port()
+    client_port = client_port or free_port()
+    # Ray's socket paths must stay short (107 bytes): a short temp dir, not pytest's tmp_path.
+    temp_dir = temp_dir or tempfile.mkdtemp(prefix="rj", dir="/tmp")
+    log_path = os.path.join(temp_dir, "ray-head.log")
+    argv = [
+        python, "-m", "ray.scripts.scripts", "start", "--head", "--block",
+        "--node-ip-address", node_ip,
+        "--port", str(gcs_port),
+        "--ray-client-server-port", str(client_port),
+        "--num-cpus", str(num_cpus),
+        "--object-store-memory", str(object_store_bytes),
+        "--include-dashboard=false",
+        "--dashboard-port", str(free_port()),
+        "--dashboard-agent-listen-port", str(free_port()),
+        "--dashboard-agent-grpc-port", str(free_port()),
+        "--min-worker-port", "0",
+        "--max-worker-port", "0",
+        "--temp-dir", temp_dir,
+        "--disable-usage-stats",
+    ]  # fmt: skip
+    env = dict(os.environ)
+    env.pop("RAY_ADDRESS", None)
+    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    head = RayHead(proc, node_ip, gcs_port, client_port, temp_dir, log_path)
+    deadline = time.monotonic() + startup_timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            head.stop()
+            raise RuntimeError(f"ray start exited with {proc.returncode}:\n{head.log_tail()}")
+        if _port_open(node_ip, gcs_port) and _port_open("127.0.0.1" if node_ip == LOOPBACK_NODE_IP else node_ip, client_port):
+            return head
+        time.sleep(0.3)
+    head.stop()
+    raise TimeoutError(f"Ray head did not come up within {startup_timeout_s}s:\n{head.log_tail()}")

@@ -1,0 +1,143 @@
+"""Reward functions: built-ins and the loader for `spec.rollout.reward.function`.
+
+A reward is `fn(sample: RewardInput, **args) -> float` (sync or async), named by an import
+path `module:function`; `args` come from `spec.rollout.reward.args`. `score` wraps the call
+so that a reward that raises, or returns something that is not a finite number, stops the
+rollout with a RewardError naming the function and the sample, never a hang or a silent 0.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import math
+import re
+from collections.abc import Callable
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from rollout_executor.samples import RewardInput, VocabInfo
+
+RewardFn = Callable[..., Any]
+
+
+class RewardError(Exception):
+    """The reward function failed for a sample; the message names both."""
+
+
+def load_reward(path: str) -> RewardFn:
+    """Import `module:function`; a clear error names `spec.rollout.reward.function`."""
+    module_name, sep, attr = path.partition(":")
+    if not sep or not module_name or not attr:
+        raise RewardError(f"spec.rollout.reward.function {path!r}: expected 'module:function'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise RewardError(f"spec.rollout.reward.function {path!r}: cannot import {module_name!r}: {e}") from e
+    fn = getattr(module, attr, None)
+    if fn is None or not callable(fn):
+        raise RewardError(f"spec.rollout.reward.function {path!r}: {module_name} has no function {attr!r}")
+    return fn
+
+
+async def score(fn: RewardFn, name: str, sample: RewardInput, args: dict[str, Any]) -> float:
+    try:
+        value = fn(sample, **args)
+        if inspect.isawaitable(value):
+            value = await value
+    except Exception as e:
+        raise RewardError(f"reward function {name} raised {type(e).__name__}: {e} for {sample.key} (prompt {sample.prompt[:80]!r})") from e
+    try:
+        out = float(value)
+    except (TypeError, ValueError) as e:
+        raise RewardError(f"reward function {name} returned {value!r}, not a number, for {sample.key}") from e
+    if not math.isfinite(out):
+        raise RewardError(f"reward function {name} returned {out} for {sample.key} (prompt {sample.prompt[:80]!r}); rewards must be finite")
+    return out
+
+
+# ---- built-ins -----------------------------------------------------------------------------
+
+
+def exact_match(sample: RewardInput, strip: bool = True, case_sensitive: bool = True) -> float:
+    """1.0 when the response equals the label."""
+    if sample.label is None:
+        return 0.0
+    a, b = sample.response, str(sample.label)
+    if strip:
+        a, b = a.strip(), b.strip()
+    if not case_sensitive:
+        a, b = a.lower(), b.lower()
+    return 1.0 if a == b else 0.0
+
+
+def regex_match(sample: RewardInput, pattern: str | None = None, flags: str = "") -> float:
+    """1.0 when `pattern` (or the label, read as a regex) is found in the response."""
+    pat = pattern if pattern is not None else (str(sample.label) if sample.label is not None else None)
+    if pat is None:
+        return 0.0
+    fl = 0
+    for c in flags:
+        fl |= {"i": re.IGNORECASE, "m": re.MULTILINE, "s": re.DOTALL}[c]
+    return 1.0 if re.search(pat, sample.response, fl) else 0.0
+
+
+_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:[eE][-+]?\d+)?|-?\.\d+")
+
+
+def extract_answer(text: str) -> float | None:
+    """The last \\boxed{...} if there is one, else the last number in the text."""
+    boxed = _BOXED.findall(text)
+    candidates = [boxed[-1]] if boxed else []
+    candidates.append(text)
+    for c in candidates:
+        nums = _NUMBER.findall(c)
+        if nums:
+            try:
+                return float(nums[-1].replace(",", ""))
+            except ValueError:
+                continue
+    return None
+
+
+def math_answer(sample: RewardInput, tolerance: float = 1e-6) -> float:
+    """1.0 when the response's final answer equals the label numerically."""
+    if sample.label is None:
+        return 0.0
+    got = extract_answer(sample.response)
+    want = extract_answer(str(sample.label))
+    if got is None or want is None:
+        return 0.0
+    return 1.0 if abs(got - want) <= tolerance * max(1.0, abs(want)) else 0.0
+
+
+@lru_cache(maxsize=16)
+def token_set(vocab_size: int, special_ids: frozenset[int], size: int, seed: int) -> frozenset[int]:
+    """A fixed random set of `size` non-special token ids drawn with `seed`."""
+    candidates = np.array([i for i in range(vocab_size) if i not in special_ids], dtype=np.int64)
+    if size > len(candidates):
+        raise ValueError(f"token set of {size} ids asked from {len(candidates)} non-special ids")
+    rng = np.random.default_rng(seed)
+    return frozenset(int(i) for i in rng.choice(candidates, size=size, replace=False))
+
+
+def token_set_fraction(sample: RewardInput, size: int = 100, seed: int = 0, vocab_size: int | None = None) -> float:
+    """The demo reward: fraction of generated token ids inside a fixed random id set.
+
+    Base rate size / non-special vocab (0.10 for the tiny model); learnable by a tiny model in
+    a few dozen GRPO steps, and it cannot be reward-hacked by stopping early (an empty answer
+    scores 0).
+    """
+    vocab = sample.vocab
+    if vocab is None:
+        if vocab_size is None:
+            raise ValueError("token_set_fraction needs the tokenizer's vocab (model dir with config.json) or vocab_size=")
+        vocab = VocabInfo(vocab_size=vocab_size)
+    ids = sample.response_token_ids
+    if not ids:
+        return 0.0
+    chosen = token_set(vocab.vocab_size, vocab.special_ids, size, seed)
+    return sum(1 for t in ids if t in chosen) / len(ids)
