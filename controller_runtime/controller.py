@@ -43,6 +43,7 @@ from controller_runtime.cells import LOADED, UPDATABLE, Cell, cell_name
 from controller_runtime.clock import Clock, RealClock, iso
 from controller_runtime.deadline import call_within
 from controller_runtime.errors import EngineError, LockHeld, WeightCheckMismatch
+from controller_runtime.evalpin import NOT_CONFIGURED, UNHEALTHY, EvalFleet, pin_eval_clients
 from controller_runtime.events import ControllerEvent, Reason
 from controller_runtime.health import HealthMonitor, ProbeOutcome, Verdict
 from controller_runtime.lock import ControllerLock, WindowLock
@@ -111,7 +112,8 @@ class InferenceController:
         self.flush_retry_seconds = flush_retry_seconds
         self.labels = dict(labels or {})
 
-        self.cells: dict[str, Cell] = {}
+        self.cells: dict[str, Cell] = {}  # the policy fleet: updated by windows, serves rollouts
+        self.eval_cells: dict[str, Cell] = {}  # the frozen eval fleet (spec.inference.eval), pinned
         self.health = HealthMonitor(spec.health_check, self.clock)
         self.budget = RestartBudget(spec.restart_policy)
         self.lock = ControllerLock(spec.weight_update.lock_timeout_seconds)
@@ -133,7 +135,8 @@ class InferenceController:
             cell = Cell.from_status(es)
             if cell.created_time is None:
                 cell.created_time = now
-            self.cells[cell.name] = cell
+            group = self.eval_cells if cell.name.startswith(self._eval_prefix) else self.cells
+            group[cell.name] = cell
             if cell.state == S.Starting or cell.state in LOADED:
                 self.health.arm(cell.name)
         self.weight_version = status.weight_version
@@ -153,11 +156,23 @@ class InferenceController:
 
     # == views ==============================================================================
 
+    @property
+    def _eval_prefix(self) -> str:
+        return f"{self.job}-eval-"
+
     def _sorted_cells(self) -> list[Cell]:
+        """The policy fleet, by index."""
         return sorted(self.cells.values(), key=lambda c: c.index)
 
+    def _sorted_eval_cells(self) -> list[Cell]:
+        return sorted(self.eval_cells.values(), key=lambda c: c.index)
+
+    def _all_cells(self) -> list[Cell]:
+        return self._sorted_cells() + self._sorted_eval_cells()
+
     def engine_statuses(self) -> list[EngineStatus]:
-        return [c.to_status() for c in self._sorted_cells()]
+        """Policy cells, then eval cells (named `<job>-eval-<index>`)."""
+        return [c.to_status() for c in self._all_cells()]
 
     def serving_endpoints(self) -> list[str]:
         return [c.endpoint for c in self._sorted_cells() if self._should_serve(c) and c.endpoint]
@@ -174,7 +189,7 @@ class InferenceController:
             "readyEngines": ready,
             "totalEngines": total,
             "ready": f"{ready}/{total}",
-            "restartsTotal": sum(c.restarts for c in self.cells.values()),
+            "restartsTotal": sum(c.restarts for c in self._all_cells()),
         }
 
     # == events, audit, labels, clients =====================================================
@@ -220,7 +235,8 @@ class InferenceController:
         return True
 
     def _should_serve(self, cell: Cell) -> bool:
-        return cell.state == S.Serving and not cell.memory
+        """In the policy's serving set (eval cells never are: they serve evaluation only)."""
+        return cell.name in self.cells and cell.state == S.Serving and not cell.memory
 
     async def _sync_serving(self, cell: Cell) -> None:
         """Make the platform's serving label match the cell; a failure is retried by the next pass."""
@@ -265,28 +281,38 @@ class InferenceController:
                 name = cell_name(self.job, index)
                 if name not in self.cells:
                     self.cells[name] = Cell(name, index, created_time=now, last_transition_time=now)
+            for index in range(self._eval_replicas):
+                name = f"{self._eval_prefix}{index}"
+                if name not in self.eval_cells:
+                    self.eval_cells[name] = Cell(name, index, created_time=now, last_transition_time=now)
             await self._delete_surplus(observed, window_open)
-            for cell in self._sorted_cells():
+            for cell in self._all_cells():
                 await self._reconcile_cell(cell, observed.get(cell.name), window_open)
                 await self._sync_serving(cell)
             return self._next_wakeup()
+
+    @property
+    def _eval_replicas(self) -> int:
+        return self.spec.eval.replicas if self.spec.eval is not None else 0
 
     async def _delete_surplus(self, observed: dict[str, CellObservation], window_open: bool) -> None:
         """Cells beyond spec.replicas (and unknown cells the platform holds) are deleted, outside windows."""
         if window_open:
             return
         surplus = [c for c in self.cells.values() if c.index >= self.spec.replicas]
-        strangers = [n for n in observed if n not in self.cells]
+        surplus += [c for c in self.eval_cells.values() if c.index >= self._eval_replicas]
+        strangers = [n for n in observed if n not in self.cells and n not in self.eval_cells]
         for name in [c.name for c in surplus] + strangers:
             await self.platform.delete_cell(name)
-            cell = self.cells.pop(name, None)
+            cell = self.cells.pop(name, None) or self.eval_cells.pop(name, None)
             self.health.forget(name)
             self._serving_label.pop(name, None)
             self._deleted_generation.pop(name, None)
             if cell is not None:
                 await self._drop_client(cell.endpoint)
                 self._audit_safe("cell_deleted", name, generation=cell.generation)
-                self._emit(Reason.CellDeleted, f"scaled down to {self.spec.replicas} cells", name)
+                self._emit(Reason.CellDeleted, f"scaled down to {self.spec.replicas} cells"
+                           f" ({self._eval_replicas} eval)", name)
 
     async def _create(self, cell: Cell) -> None:
         request = CellRequest(
@@ -295,8 +321,10 @@ class InferenceController:
             generation=cell.generation,
             pods=self.spec.pods_per_cell,
             labels={**self.labels, "rljob.io/job": self.job, "rljob.io/cell": cell.name,
-                    "rljob.io/generation": str(cell.generation)},
+                    "rljob.io/generation": str(cell.generation),
+                    "rljob.io/role": "eval" if cell.name in self.eval_cells else "policy"},
         )
+        self._serving_label.pop(cell.name, None)  # new pods: their label is unknown until set
         await self.platform.create_cell(request)
         if cell.created_time is None:
             cell.created_time = self.clock.now()
@@ -396,7 +424,7 @@ class InferenceController:
         waits = [self.poll_seconds]
         if self.lock.current is not None:
             waits.append(self.lock.current.expires - now)
-        for cell in self.cells.values():
+        for cell in self._all_cells():
             if cell.state == S.Unhealthy and cell.next_restart_time is not None:
                 waits.append(cell.next_restart_time - now)
             elif cell.state in (S.Pending, S.Starting):
@@ -412,7 +440,7 @@ class InferenceController:
     async def probe_health(self) -> None:
         """Run every due probe concurrently (each bounded by timeoutSeconds) and apply the answers."""
         async with self._mutex:
-            due = [(c, self._client(c)) for c in self._sorted_cells()
+            due = [(c, self._client(c)) for c in self._all_cells()
                    if self.health.wants_probe(c) and self.health.is_due(c.name)]
             probes = [self.health.probe(c, client) for c, client in due]
         outcomes: list[ProbeOutcome] = list(await asyncio.gather(*probes)) if probes else []
@@ -420,10 +448,10 @@ class InferenceController:
             return
         async with self._mutex:
             for outcome in outcomes:
-                cell = self.cells.get(outcome.cell)
+                cell = self.cells.get(outcome.cell) or self.eval_cells.get(outcome.cell)
                 if cell is not None and cell.state in (S.Starting, S.PendingWeights, S.Serving):
                     self._apply_probe(cell, outcome)
-            for cell in self._sorted_cells():
+            for cell in self._all_cells():
                 await self._sync_serving(cell)
 
     def _apply_probe(self, cell: Cell, outcome: ProbeOutcome) -> None:
@@ -433,14 +461,15 @@ class InferenceController:
                 cell.weight_version = self.weight_version
                 self._move(cell, S.Serving, "engine answered; serving the initial weights")
             else:
-                self._move(cell, S.PendingWeights, "engine answered; waiting for the next weight update")
+                wait_for = "pinning" if cell.name in self.eval_cells else "the next weight update"
+                self._move(cell, S.PendingWeights, f"engine answered; waiting for {wait_for}")
         elif verdict == Verdict.unhealthy:
             self._mark_unhealthy(
                 cell, f"{cell.consecutive_failures} consecutive failed probes; last: {outcome.error}")
 
     def _may_serve_initial_weights(self, cell: Cell) -> bool:
-        return (self.serve_initial_weights and cell.generation == 0 and self.weight_version is None
-                and not self.lock.held)
+        return (self.serve_initial_weights and cell.name in self.cells and cell.generation == 0
+                and self.weight_version is None and not self.lock.held)
 
     # == run loop ===========================================================================
 
@@ -565,6 +594,46 @@ class InferenceController:
             else:
                 change.cells[cell.name] = list(result)  # type: ignore[call-overload]
         return change
+
+    # == the eval fleet ======================================================================
+
+    async def eval_fleet(self) -> EvalFleet:
+        """Pin the eval fleet to spec.inference.eval's checkpoint and say whether eval may run.
+
+        Loads the checkpoint on eval cells not yet pinned (outside the mutex: a load can take
+        minutes), verifies every eval engine reports the version, probes readiness, and marks
+        the cells Serving at that version. Plain data out; skip reasons instead of exceptions.
+        """
+        pin = self.spec.eval
+        if pin is None:
+            return EvalFleet([], None, "", False, NOT_CONFIGURED, "spec.inference.eval is not set")
+        async with self._mutex:
+            cells = self._sorted_eval_cells()
+            ready = [c for c in cells if c.state in UPDATABLE and c.endpoint]
+            if len(ready) < pin.replicas:
+                return EvalFleet(
+                    [c.endpoint for c in ready if c.endpoint], pin.weight_version, pin.checkpoint, False, UNHEALTHY,
+                    f"{len(ready)}/{pin.replicas} eval cells ready: "
+                    + ", ".join(f"{c.name}={c.state}" for c in cells),
+                )
+            generations = {c.name: c.generation for c in ready}
+            clients = [self._client(c) for c in ready]
+            pinned = {c.endpoint for c in ready if c.state == S.Serving and c.weight_version == pin.weight_version}
+        fleet = await pin_eval_clients(clients, pin.checkpoint, pin.weight_version, skip_load=pinned,
+                                       clock=self.clock, load_timeout=self.call_timeout * 5,
+                                       probe_timeout=self.spec.health_check.timeout_seconds)
+        async with self._mutex:
+            if fleet.ok:
+                for name, generation in generations.items():
+                    cell = self.eval_cells.get(name)
+                    if cell is not None and cell.generation == generation and cell.state in UPDATABLE:
+                        cell.weight_version = pin.weight_version
+                        self._move(cell, S.Serving, f"pinned to {pin.checkpoint} ({pin.weight_version})")
+            self._audit_safe("eval_pinned", ok=fleet.ok, skip_reason=fleet.skip_reason, message=fleet.message,
+                             version=pin.weight_version, checkpoint=pin.checkpoint)
+            if not fleet.ok:
+                self._emit(Reason.EvalSkipped, f"{fleet.skip_reason}: {fleet.message}", warning=True)
+        return fleet
 
     # == the weight-update window ===========================================================
 

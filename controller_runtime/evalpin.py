@@ -10,7 +10,7 @@ wrong weights.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -20,6 +20,7 @@ from controller_runtime.ports import EngineClient, EngineClientFactory
 
 PIN_VIOLATION = "pin_violation"
 UNHEALTHY = "unhealthy"
+NOT_CONFIGURED = "not_configured"  # the job has no eval fleet
 
 
 @dataclass(frozen=True)
@@ -51,24 +52,40 @@ async def pin_eval_fleet(
     probe_timeout: float = 30.0,
 ) -> EvalFleet:
     """Load `checkpoint` as `version` on every eval engine and verify it; never raises on engine faults."""
-    clock = clock or RealClock()
-    endpoints = list(endpoints)
     clients = [engines(e) for e in endpoints]
-
-    def skip(reason: str, message: str, versions: dict[str, str | None] | None = None) -> EvalFleet:
-        return EvalFleet(endpoints, version, checkpoint, False, reason, message, versions or {})
-
     try:
-        if not clients:
-            return skip(UNHEALTHY, "the eval fleet has no engine")
-        failed = await _failures(
-            clock, [c.update_weights_from_disk(checkpoint, version) for c in clients], endpoints, load_timeout
+        return await pin_eval_clients(
+            clients, checkpoint, version, clock=clock, load_timeout=load_timeout, probe_timeout=probe_timeout
         )
-        if failed:
-            return skip(UNHEALTHY, "loading the checkpoint failed: " + "; ".join(failed))
-        return await verify_eval_fleet(clients, checkpoint, version, clock=clock, probe_timeout=probe_timeout)
     finally:
         await asyncio.gather(*(c.close() for c in clients), return_exceptions=True)
+
+
+async def pin_eval_clients(
+    clients: Sequence[EngineClient],
+    checkpoint: str,
+    version: str,
+    *,
+    skip_load: Collection[str] = (),
+    clock: Clock | None = None,
+    load_timeout: float = 600.0,
+    probe_timeout: float = 30.0,
+) -> EvalFleet:
+    """`pin_eval_fleet` over clients the caller owns; engines whose endpoint is in `skip_load` are
+    only verified (already pinned: reloading a large checkpoint is not free)."""
+    clock = clock or RealClock()
+    endpoints = [c.endpoint for c in clients]
+    if not clients:
+        return EvalFleet(endpoints, version, checkpoint, False, UNHEALTHY, "the eval fleet has no engine")
+    loading = [c for c in clients if c.endpoint not in skip_load]
+    failed = await _failures(
+        clock, [c.update_weights_from_disk(checkpoint, version) for c in loading], [c.endpoint for c in loading],
+        load_timeout,
+    )
+    if failed:
+        return EvalFleet(endpoints, version, checkpoint, False, UNHEALTHY,
+                         "loading the checkpoint failed: " + "; ".join(failed))
+    return await verify_eval_fleet(clients, checkpoint, version, clock=clock, probe_timeout=probe_timeout)
 
 
 async def verify_eval_fleet(

@@ -29,6 +29,7 @@ class Reason:
     WindowAborted = "WindowAborted"
     LockExpired = "LockExpired"
     WeightCheckFailed = "WeightCheckFailed"
+    EvalSkipped = "EvalSkipped"
     ReconcileError = "ReconcileError"
 
 

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 import pytest
 
 from controller_runtime.api.spec import (
+    EvalFleetSpec,
     HealthCheckSpec,
     InferenceSpec,
     MemoryTag,
@@ -619,3 +620,66 @@ async def test_audit_log_records_transitions_and_updates(tmp_path: Path) -> None
     assert [r.fields["version"] for r in records if r.type == "weights_updated"] == ["1"]
     assert any(r.type == "window_opened" for r in records)
     assert all(r.job == JOB and r.component == "inference_controller" for r in records)
+
+
+# -- the eval fleet ----------------------------------------------------------------------------
+
+EVAL = EvalFleetSpec(replicas=2, checkpoint="/ckpt/base", weight_version="base")
+
+
+async def test_eval_cells_are_pinned_and_kept_out_of_windows_and_serving() -> None:
+    h = harness(1, eval=EVAL)
+    await bring_up(h)
+    roles = {r.name: r.labels["rljob.io/role"] for r in h.platform.created}
+    assert roles == {"demo-cell-0": "policy", "demo-eval-0": "eval", "demo-eval-1": "eval"}
+    assert [c.state for c in h.ctrl._sorted_eval_cells()] == [S.PendingWeights] * 2
+    window = await h.ctrl.start_update_weights("t")
+    assert list(window.snapshot) == ["demo-cell-0"]
+    await h.ctrl.end_update_weights(window.snapshot, "1")
+
+    fleet = await h.ctrl.eval_fleet()
+    assert fleet.ok and fleet.pinned_version == "base" and len(fleet.endpoints) == 2
+    evals = h.ctrl._sorted_eval_cells()
+    assert [(c.state, c.weight_version) for c in evals] == [(S.Serving, "base")] * 2
+    assert h.ctrl.serving_endpoints() == [h.cell(0).endpoint]
+    assert h.platform.serving["demo-eval-0"] is False
+    assert h.ctrl.status_patch()["ready"] == "1/1"
+    assert [s.name for s in h.ctrl.engine_statuses()] == ["demo-cell-0", "demo-eval-0", "demo-eval-1"]
+    again = await h.ctrl.eval_fleet()
+    assert again.ok
+    assert h.engines(evals[0].endpoint).calls.count("update_weights_from_disk") == 1  # pinned once
+
+
+async def test_eval_fleet_skips_when_not_configured_or_not_ready() -> None:
+    h = harness(1)
+    assert (await h.ctrl.eval_fleet()).skip_reason == "not_configured"
+    h = harness(1, eval=EVAL, platform=FakePlatform(start_running=False))
+    await settle(h.ctrl)
+    fleet = await h.ctrl.eval_fleet()
+    assert (fleet.ok, fleet.skip_reason) == (False, "unhealthy") and "0/2 eval cells ready" in fleet.message
+
+
+async def test_eval_pin_violation_is_reported_and_cells_stay_unpinned() -> None:
+    h = harness(1, eval=EVAL)
+    await bring_up(h)
+    stale = h.engines(h.ctrl.eval_cells["demo-eval-1"].endpoint or "")
+
+    async def load_without_version(path: str, version: str | None = None) -> None:
+        stale.weight_version = "older"
+
+    stale.update_weights_from_disk = load_without_version  # type: ignore[method-assign]
+    fleet = await h.ctrl.eval_fleet()
+    assert (fleet.ok, fleet.skip_reason) == (False, "pin_violation") and "'older'" in fleet.message
+    assert [c.state for c in h.ctrl._sorted_eval_cells()] == [S.PendingWeights] * 2
+    assert Reason.EvalSkipped in h.reasons()
+
+
+async def test_eval_cells_survive_restore_in_their_own_group() -> None:
+    h = harness(1, eval=EVAL)
+    await bring_up(h)
+    await h.ctrl.eval_fleet()
+    h2 = h.new_controller(restore=RLJobStatus.model_validate(h.ctrl.status_patch()))
+    assert sorted(h2.eval_cells) == ["demo-eval-0", "demo-eval-1"] and sorted(h2.cells) == ["demo-cell-0"]
+    creates = len(h.platform.created)
+    await settle(h2)
+    assert len(h.platform.created) == creates and h.platform.deleted == []
