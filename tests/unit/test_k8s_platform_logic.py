@@ -83,7 +83,7 @@ def load(case: str) -> dict[str, Any]:
     return yaml.safe_load((JOBS / f"{case}.yaml").read_text())
 
 
-def platform(case: str = "llama-8b-8gpu") -> tuple[KubernetesPlatform, PodStore]:
+def platform(case: str = "gpu-4x2") -> tuple[KubernetesPlatform, PodStore]:
     store = PodStore()
     return KubernetesPlatform(store, "rl", load(case)), store
 

@@ -60,7 +60,7 @@ def all_objects(j: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def test_two_gpu_cells_request_two_gpus_in_limits_and_requests() -> None:
-    pods = engine_pods(job("llama-8b-8gpu"), cell(job("llama-8b-8gpu")))
+    pods = engine_pods(job("gpu-4x2"), cell(job("gpu-4x2")))
     assert len(pods) == 1
     res = container(pods[0])["resources"]
     assert res["requests"]["nvidia.com/gpu"] == "2" and res["limits"]["nvidia.com/gpu"] == "2"
@@ -77,7 +77,7 @@ def test_multi_node_cell_spans_two_pods_of_eight_gpus() -> None:
 
 
 def test_cpu_cell_requests_no_gpu_and_passes_engine_args_through() -> None:
-    j = job("tiny-cpu")
+    j = job("cpu-process")
     (pod,) = engine_pods(j, cell(j))
     c = container(pod)
     assert "nvidia.com/gpu" not in str(c.get("resources", {}))
@@ -95,7 +95,7 @@ def test_cpu_cell_requests_no_gpu_and_passes_engine_args_through() -> None:
 
 
 def test_placement_is_copied_to_engine_pods() -> None:
-    j = job("llama-8b-8gpu")
+    j = job("gpu-4x2")
     spec = engine_pods(j, cell(j))[0]["spec"]
     assert spec["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     assert spec["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
@@ -106,7 +106,7 @@ def test_placement_is_copied_to_engine_pods() -> None:
 
 
 def test_engine_pods_are_labelled_for_cell_generation_and_role() -> None:
-    j = job("llama-8b-8gpu")
+    j = job("gpu-4x2")
     meta = engine_pods(j, CellRequest(name="llama-8b-cell-2", index=2, generation=5, labels={"extra": "x"}))[
         0
     ]["metadata"]
@@ -125,13 +125,13 @@ def test_engine_pods_are_labelled_for_cell_generation_and_role() -> None:
 
 
 def test_user_labels_cannot_override_operator_labels() -> None:
-    j = job("tiny-cpu")
+    j = job("cpu-process")
     j["spec"]["inference"]["podMetadata"]["labels"][L.ROLE] = "hijack"
     assert engine_pods(j, cell(j))[0]["metadata"]["labels"][L.ROLE] == "engine"
 
 
 def test_names_are_deterministic_and_new_generation_means_new_names() -> None:
-    j = job("llama-8b-8gpu")
+    j = job("gpu-4x2")
     first = [p["metadata"]["name"] for p in engine_pods(j, cell(j, 0, 1))]
     again = [p["metadata"]["name"] for p in engine_pods(copy.deepcopy(j), cell(j, 0, 1))]
     later = [p["metadata"]["name"] for p in engine_pods(j, cell(j, 0, 2))]
@@ -185,13 +185,13 @@ def test_offload_enables_memory_saver_for_sglang_and_sleep_mode_for_vllm() -> No
     assert "--enable-memory-saver" in cmd
     assert cmd[-2:] == ["--mem-fraction-static", "0.7"]
     assert env_of(container(engine_pods(j, cell(j))[0]))["NCCL_DEBUG"] == "WARN"
-    v = job("tiny-cpu")
+    v = job("cpu-process")
     v["spec"]["inference"]["offload"] = {"enabled": True}
     assert "--enable-sleep-mode" in container(engine_pods(v, cell(v))[0])["command"]
 
 
 def test_model_from_pvc_is_mounted_at_models_with_sub_path() -> None:
-    j = job("llama-8b-8gpu")
+    j = job("gpu-4x2")
     pod = engine_pods(j, cell(j))[0]
     cmd = container(pod)["command"]
     assert cmd[cmd.index("--model") + 1] == "/models/meta-llama/Llama-3.1-8B-Instruct"
@@ -201,7 +201,7 @@ def test_model_from_pvc_is_mounted_at_models_with_sub_path() -> None:
 
 
 def test_model_path_is_mounted_from_the_node_at_the_same_path() -> None:
-    j = job("tiny-cpu")
+    j = job("cpu-process")
     pod = engine_pods(j, cell(j))[0]
     vol = next(v for v in pod["spec"]["volumes"] if v["name"] == "model")
     assert vol["hostPath"]["path"] == "/var/cache/rljob/tiny-model"
@@ -212,7 +212,7 @@ def test_model_path_is_mounted_from_the_node_at_the_same_path() -> None:
 # --- names, owners ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("case", ["tiny-cpu", "llama-8b-8gpu", "multinode-vllm", "sglang-offload"])
+@pytest.mark.parametrize("case", ["cpu-process", "gpu-4x2", "multinode-vllm", "sglang-offload"])
 def test_every_object_is_owned_by_the_rljob_as_controller(case: str) -> None:
     j = job(case)
     for obj in all_objects(j):
@@ -256,14 +256,14 @@ def test_dns_label_keeps_valid_short_names_unchanged() -> None:
 
 
 def test_job_without_uid_cannot_own_anything() -> None:
-    j = job("tiny-cpu")
+    j = job("cpu-process")
     del j["metadata"]["uid"]
     with pytest.raises(ValueError, match="uid"):
         engines_service(j)
 
 
 def test_parsed_spec_renders_the_same_as_the_raw_dict() -> None:
-    raw = job("llama-8b-8gpu")
+    raw = job("gpu-4x2")
     parsed = {"metadata": raw["metadata"], "spec": RLJobSpec.model_validate(raw["spec"])}
     assert all_objects(raw) == all_objects(parsed)
     assert all_objects(JobView.of(raw)) == all_objects(raw)
@@ -273,14 +273,14 @@ def test_parsed_spec_renders_the_same_as_the_raw_dict() -> None:
 
 
 def test_headless_service_selects_all_engine_pods_including_unready() -> None:
-    svc = cells_headless_service(job("llama-8b-8gpu"))
+    svc = cells_headless_service(job("gpu-4x2"))
     assert svc["spec"]["clusterIP"] == "None"
     assert svc["spec"]["publishNotReadyAddresses"] is True
     assert svc["spec"]["selector"] == {L.JOB: "llama-8b", L.ROLE: "engine"}
 
 
 def test_engines_service_selects_serving_cell_heads() -> None:
-    j = job("llama-8b-8gpu")
+    j = job("gpu-4x2")
     svc = engines_service(j)
     assert svc["metadata"]["name"] == "llama-8b-engines"
     sel = svc["spec"]["selector"]
@@ -294,7 +294,7 @@ def test_engines_service_selects_serving_cell_heads() -> None:
 
 
 def test_executor_is_one_replica_recreated_never_rolled() -> None:
-    d = executor_deployment(job("llama-8b-8gpu"), URL, service_account_name="rljob-executor")
+    d = executor_deployment(job("gpu-4x2"), URL, service_account_name="rljob-executor")
     assert d["spec"]["replicas"] == 1 and d["spec"]["strategy"] == {"type": "Recreate"}
     pod = d["spec"]["template"]
     assert all(pod["metadata"]["labels"][k] == v for k, v in d["spec"]["selector"]["matchLabels"].items())
@@ -310,7 +310,7 @@ def test_executor_is_one_replica_recreated_never_rolled() -> None:
 
 
 def test_executor_service_exposes_ray_client_and_dashboard() -> None:
-    svc = executor_service(job("llama-8b-8gpu"))
+    svc = executor_service(job("gpu-4x2"))
     assert svc["metadata"]["name"] == "llama-8b-rollout"
     assert {(p["name"], p["port"]) for p in svc["spec"]["ports"]} == {
         ("ray-client", 10001),
@@ -350,7 +350,7 @@ def test_trainer_is_an_indexed_job_with_torchrun_env() -> None:
 
 
 def test_trainer_uses_service_account_placement_and_user_command() -> None:
-    j = job("llama-8b-8gpu")
+    j = job("gpu-4x2")
     j["spec"]["trainer"]["command"] = ["torchrun", "train.py"]
     j["spec"]["trainer"]["args"] = ["--epochs", "1"]
     pod = trainer_workload(j, URL)[1]["spec"]["template"]["spec"]
@@ -362,7 +362,7 @@ def test_trainer_uses_service_account_placement_and_user_command() -> None:
 
 def test_no_trainer_workload_for_workload_ref_or_zero_replicas() -> None:
     assert trainer_workload(job("sglang-offload"), URL) == []
-    j = job("tiny-cpu")
+    j = job("cpu-process")
     j["spec"]["trainer"]["replicas"] = 0
     assert trainer_workload(j, URL) == []
 
@@ -398,4 +398,51 @@ def test_schema_check_catches_a_broken_ray_cluster() -> None:
 
 
 def test_no_ray_cluster_unless_asked_for() -> None:
-    assert ray_cluster(job("llama-8b-8gpu")) is None
+    assert ray_cluster(job("gpu-4x2")) is None
+
+
+# --- volumes of the shipped example -------------------------------------------------------
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def example(name: str) -> dict[str, Any]:
+    j = yaml.safe_load((EXAMPLES / f"{name}.yaml").read_text())
+    j["metadata"].update(namespace="rl", uid="00000000-0000-4000-8000-00000000e0e0")
+    return j
+
+
+@pytest.mark.skipif(
+    not (EXAMPLES / "llama-8b-8gpu.yaml").exists(), reason="examples/llama-8b-8gpu.yaml not present"
+)
+def test_shared_checkpoints_pvc_is_read_only_in_engines_and_writable_in_trainer() -> None:
+    j = example("llama-8b-8gpu")
+    engine = container(engine_pods(j, cell(j))[0])
+    trainer = trainer_workload(j, URL)[1]["spec"]["template"]["spec"]
+    mount = {m["name"]: m for m in engine["volumeMounts"]}["checkpoints"]
+    assert mount == {"name": "checkpoints", "mountPath": "/checkpoints", "readOnly": True}
+    tmount = {m["name"]: m for m in trainer["containers"][0]["volumeMounts"]}["checkpoints"]
+    assert tmount == {"name": "checkpoints", "mountPath": "/checkpoints"}
+    vol = {v["name"]: v for v in trainer["volumes"]}["checkpoints"]
+    assert vol["persistentVolumeClaim"]["claimName"] == "rl-checkpoints"
+
+
+@pytest.mark.skipif(
+    not (EXAMPLES / "llama-8b-8gpu.yaml").exists(), reason="examples/llama-8b-8gpu.yaml not present"
+)
+def test_dataset_pvc_is_mounted_at_data_and_the_path_resolved_inside_it() -> None:
+    spec = executor_deployment(example("llama-8b-8gpu"), URL)["spec"]["template"]["spec"]
+    cmd = spec["containers"][0]["command"]
+    assert cmd[cmd.index("--dataset") + 1] == "/data/gsm8k/train.jsonl"
+    assert {"name": "data", "mountPath": "/data", "readOnly": True} in spec["containers"][0]["volumeMounts"]
+    assert {v["name"]: v for v in spec["volumes"]}["data"]["persistentVolumeClaim"]["claimName"] == "datasets"
+
+
+def test_relative_model_path_is_passed_through_without_a_volume() -> None:
+    j = job("cpu-process")
+    j["spec"]["model"]["path"] = "./.cache/tiny-model"
+    pod = engine_pods(j, cell(j))[0]
+    cmd = container(pod)["command"]
+    assert cmd[cmd.index("--model") + 1] == "./.cache/tiny-model"
+    assert [v["name"] for v in pod["spec"]["volumes"]] == ["dshm"]
+    assert "volumes" not in executor_deployment(j, URL)["spec"]["template"]["spec"]

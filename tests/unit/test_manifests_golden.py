@@ -27,12 +27,25 @@ from controller_runtime.ports import CellRequest
 
 GOLDEN = Path(__file__).parent / "golden"
 JOBS = GOLDEN / "jobs"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 CONTROLLER_URL = "http://rljob-operator.rljob-system.svc:8443"
+# The two shipped examples, a multi-node cell (16 GPUs per engine, 8 per node) and SGLang with offload.
 CASES = ["tiny-cpu", "llama-8b-8gpu", "multinode-vllm", "sglang-offload"]
 
 
 def load_job(case: str) -> dict[str, Any]:
-    return yaml.safe_load((JOBS / f"{case}.yaml").read_text())
+    """examples/<case>.yaml if it is a shipped example, else golden/jobs/<case>.yaml.
+
+    Examples carry no namespace or uid (the API server assigns the uid); fixed ones stand in.
+    """
+    path = EXAMPLES / f"{case}.yaml"
+    if not path.exists():
+        path = JOBS / f"{case}.yaml"
+    job = yaml.safe_load(path.read_text())
+    meta = job.setdefault("metadata", {})
+    meta.setdefault("namespace", "examples")
+    meta.setdefault("uid", "00000000-0000-4000-8000-00000000e0e0")
+    return job
 
 
 def render_all(job: dict[str, Any]) -> list[dict[str, Any]]:

@@ -38,6 +38,7 @@ from controller_runtime.ports import CellRequest
 from rljob_operator import labels as L
 from rljob_operator.manifests.job import JobView
 from rljob_operator.manifests.podspec import (
+    checkpoints_volume,
     container_resources,
     env_field,
     env_value,
@@ -47,6 +48,7 @@ from rljob_operator.manifests.podspec import (
     placement_fields,
     shm_volume,
     user_env,
+    volumes,
 )
 from rljob_operator.names import cells_service_name, engine_pod_name
 
@@ -197,15 +199,18 @@ def engine_pod(job: JobView, cell: CellRequest, pod_index: int) -> dict[str, Any
         L.SERVING: "false",
     }
     annotations = {**inf.pod_metadata.annotations, L.CELL_NAME_ANNOTATION: cell.name}
-    model_vol, model_mount = model_volume(job.spec.model)
-    shm_vol, shm_mount = shm_volume()
+    vols, mounts = volumes(
+        model_volume(job.spec.model),
+        checkpoints_volume(inf.weight_update, read_only=True),
+        shm_volume(),
+    )
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": inf.image,
         "command": engine_command(job, cell, pod_index),
         "env": _engine_env(job),
         "resources": container_resources(inf.resources, inf.gpus_per_pod if inf.gpus_per_engine > 0 else 0),
-        "volumeMounts": [model_mount, shm_mount],
+        "volumeMounts": mounts,
     }
     ports = _ports(job, pod_index)
     if ports:
@@ -220,7 +225,7 @@ def engine_pod(job: JobView, cell: CellRequest, pod_index: int) -> dict[str, Any
         "terminationGracePeriodSeconds": 30,
         **placement_fields(inf.placement),
         "containers": [container],
-        "volumes": [model_vol, shm_vol],
+        "volumes": vols,
     }
     return {
         "apiVersion": "v1",

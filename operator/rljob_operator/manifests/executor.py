@@ -22,10 +22,13 @@ from rljob_operator import labels as L
 from rljob_operator.manifests.job import JobView
 from rljob_operator.manifests.podspec import (
     container_resources,
+    dataset_path,
+    dataset_volume,
     env_field,
     env_value,
     model_path,
     model_volume,
+    volumes,
 )
 from rljob_operator.manifests.services import engines_url
 from rljob_operator.names import ray_cluster_name, rollout_name
@@ -50,7 +53,7 @@ def executor_command(view: JobView, controller_url: str) -> list[str]:
         "--namespace", view.namespace,
         "--controller-url", controller_url,
         "--engines-url", engines_url(view),
-        "--dataset", view.spec.rollout.dataset.path,
+        "--dataset", dataset_path(view.spec.rollout.dataset),
     ]  # fmt: skip
     if view.spec.rollout.ray_cluster is not None:
         cmd += ["--ray-address", rollout_address(view)]
@@ -80,7 +83,7 @@ def executor_deployment(
     view = JobView.of(job)
     name = rollout_name(view.name)
     selector = L.role_selector(view.name, L.ROLE_ROLLOUT)
-    vol, mount = model_volume(view.spec.model)
+    vols, mounts = volumes(model_volume(view.spec.model), dataset_volume(view.spec.rollout.dataset))
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": view.spec.rollout.image,
@@ -91,8 +94,9 @@ def executor_deployment(
             {"name": "dashboard", "containerPort": RAY_DASHBOARD_PORT, "protocol": "TCP"},
             {"name": "gcs", "containerPort": RAY_GCS_PORT, "protocol": "TCP"},
         ],
-        "volumeMounts": [mount],
     }
+    if mounts:
+        container["volumeMounts"] = mounts
     resources = container_resources(view.spec.rollout.resources, 0)
     if resources:
         container["resources"] = resources
@@ -102,8 +106,9 @@ def executor_deployment(
         "automountServiceAccountToken": True,
         "enableServiceLinks": False,
         "containers": [container],
-        "volumes": [vol],
     }
+    if vols:
+        pod_spec["volumes"] = vols
     if service_account_name:
         pod_spec["serviceAccountName"] = service_account_name
     template_labels = {**L.job_labels(view.name, L.ROLE_ROLLOUT)}

@@ -5,11 +5,14 @@ from __future__ import annotations
 import posixpath
 from typing import Any
 
-from controller_runtime.api.spec import EnvVar, ModelSpec, Placement, Resources
+from controller_runtime.api.spec import DatasetSpec, EnvVar, ModelSpec, Placement, Resources, WeightUpdateSpec
 
 GPU_RESOURCE = "nvidia.com/gpu"
 MODEL_VOLUME = "model"
 MODELS_MOUNT = "/models"
+CHECKPOINTS_VOLUME = "checkpoints"
+DATA_VOLUME = "data"
+DATA_MOUNT = "/data"
 SHM_VOLUME = "dshm"
 
 
@@ -46,9 +49,10 @@ def model_path(model: ModelSpec) -> str:
     """Where the model directory appears inside a pod.
 
     A PVC is mounted whole at /models (read-only) and the model is /models/<subPath>, so a
-    tokenizer elsewhere in the same claim stays reachable; a plain path is mounted from the
-    node at the same path (hostPath), which is also what the test cluster's process agent
-    runs against.
+    tokenizer elsewhere in the same claim stays reachable; an absolute path is mounted from
+    the node at the same path (hostPath). A relative path is passed through unmounted: it
+    only means something to processes started in a known working directory (local mode,
+    the test cluster's process agent, which runs pods' commands from the repository root).
     """
     if model.pvc is not None:
         sub = model.pvc.sub_path.strip("/")
@@ -57,8 +61,8 @@ def model_path(model: ModelSpec) -> str:
     return model.path
 
 
-def model_volume(model: ModelSpec) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(volume, volumeMount) for the model, read-only."""
+def model_volume(model: ModelSpec) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """(volume, volumeMount) for the model, read-only; None for a relative path."""
     if model.pvc is not None:
         volume = {
             "name": MODEL_VOLUME,
@@ -67,9 +71,54 @@ def model_volume(model: ModelSpec) -> tuple[dict[str, Any], dict[str, Any]]:
         mount = {"name": MODEL_VOLUME, "mountPath": MODELS_MOUNT, "readOnly": True}
         return volume, mount
     assert model.path is not None
+    if not posixpath.isabs(model.path):
+        return None
     volume = {"name": MODEL_VOLUME, "hostPath": {"path": model.path, "type": "Directory"}}
     mount = {"name": MODEL_VOLUME, "mountPath": model.path, "readOnly": True}
     return volume, mount
+
+
+def checkpoints_volume(
+    weight_update: WeightUpdateSpec, read_only: bool
+) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The shared weights PVC at sharedPath (engines read it, the trainer writes it); None without one."""
+    pvc = weight_update.pvc
+    if pvc is None:
+        return None
+    volume = {"name": CHECKPOINTS_VOLUME, "persistentVolumeClaim": {"claimName": pvc.claim_name}}
+    mount: dict[str, Any] = {"name": CHECKPOINTS_VOLUME, "mountPath": weight_update.shared_path}
+    if pvc.sub_path.strip("/"):
+        mount["subPath"] = pvc.sub_path.strip("/")
+    if read_only:
+        mount["readOnly"] = True
+    return volume, mount
+
+
+def dataset_path(dataset: DatasetSpec) -> str:
+    """The dataset file inside the executor pod: relative to /data when it comes from a PVC."""
+    if dataset.pvc is not None and not posixpath.isabs(dataset.path):
+        return posixpath.join(DATA_MOUNT, dataset.path)
+    return dataset.path
+
+
+def dataset_volume(dataset: DatasetSpec) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The dataset PVC at /data (read-only); None when the path is in the image or on the node."""
+    pvc = dataset.pvc
+    if pvc is None:
+        return None
+    volume = {"name": DATA_VOLUME, "persistentVolumeClaim": {"claimName": pvc.claim_name, "readOnly": True}}
+    mount: dict[str, Any] = {"name": DATA_VOLUME, "mountPath": DATA_MOUNT, "readOnly": True}
+    if pvc.sub_path.strip("/"):
+        mount["subPath"] = pvc.sub_path.strip("/")
+    return volume, mount
+
+
+def volumes(
+    *pairs: tuple[dict[str, Any], dict[str, Any]] | None,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """([volumes], [volumeMounts]) from (volume, mount) pairs, skipping the absent ones."""
+    present = [p for p in pairs if p is not None]
+    return [v for v, _ in present], [m for _, m in present]
 
 
 def shm_volume() -> tuple[dict[str, Any], dict[str, Any]]:

@@ -29,6 +29,7 @@ from rljob_operator import labels as L
 from rljob_operator.manifests.executor import rollout_address
 from rljob_operator.manifests.job import JobView
 from rljob_operator.manifests.podspec import (
+    checkpoints_volume,
     container_resources,
     env_field,
     env_value,
@@ -38,6 +39,7 @@ from rljob_operator.manifests.podspec import (
     placement_fields,
     shm_volume,
     user_env,
+    volumes,
 )
 from rljob_operator.names import trainer_name
 
@@ -105,15 +107,18 @@ def trainer_job(view: JobView, controller_url: str) -> dict[str, Any]:
     t: TrainerSpec = view.spec.trainer
     name = trainer_name(view.name)
     command, args = trainer_command(view)
-    model_vol, model_mount = model_volume(view.spec.model)
-    shm_vol, shm_mount = shm_volume()
+    vols, mounts = volumes(
+        model_volume(view.spec.model),
+        checkpoints_volume(view.spec.inference.weight_update, read_only=False),
+        shm_volume(),
+    )
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": t.image,
         "command": command,
         "env": _env(view, controller_url),
         "ports": [{"name": "master", "containerPort": MASTER_PORT, "protocol": "TCP"}],
-        "volumeMounts": [model_mount, shm_mount],
+        "volumeMounts": mounts,
     }
     if args:
         container["args"] = args
@@ -127,7 +132,7 @@ def trainer_job(view: JobView, controller_url: str) -> dict[str, Any]:
         "enableServiceLinks": False,
         **placement_fields(t.placement),
         "containers": [container],
-        "volumes": [model_vol, shm_vol],
+        "volumes": vols,
     }
     if t.service_account_name:
         pod_spec["serviceAccountName"] = t.service_account_name
