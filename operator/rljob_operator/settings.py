@@ -44,6 +44,7 @@ class OperatorSettings(BaseModel):
     renew_deadline_seconds: float = Field(10.0, gt=0, description="The leader stops acting if it could not renew for this long.")
     retry_period_seconds: float = Field(2.0, gt=0, description="How often the lease is renewed or tried.")
 
+    controller_url: str = Field("", description="URL executor and trainer pods use to reach the controller API; defaults to http://rljob-operator.<ns>.svc:<port>.")
     resync_seconds: float = Field(10.0, gt=0, description="Upper bound between two reconcile passes of one job.")
     watch_server_timeout: float = Field(300.0, gt=0, description="Server-side watch timeout: re-list at least this often (kopf settings.watching.server_timeout).")
     watch_client_timeout: float = Field(330.0, gt=0, description="Client-side bound of one watch request; catches a stalled TCP stream.")
@@ -92,6 +93,7 @@ _FLAGS: dict[str, str | tuple[str, ...]] = {
     "lease_duration_seconds": "--lease-duration",
     "renew_deadline_seconds": "--renew-deadline",
     "retry_period_seconds": "--retry-period",
+    "controller_url": "--controller-url",
     "resync_seconds": "--resync",
     "watch_server_timeout": "--watch-server-timeout",
     "watch_client_timeout": "--watch-client-timeout",

@@ -78,7 +78,8 @@ def build_status(prev: Mapping[str, Any] | None, obs: Observed) -> tuple[dict[st
     if obs.controller is not None:
         out.update({k: obs.controller.get(k) for k in CONTROLLER_KEYS})
     engines: list[Mapping[str, Any]] = list(out.get("engines") or [])
-    if obs.controller is None and obs.suspend:
+    if obs.controller is None and (obs.suspend or prev.get("phase") in TERMINAL):
+        # No controller runs and the engine pods are being (or were) deleted: show no cells.
         engines = []
         out.update(engines=[], lock=None, readyEngines=0, totalEngines=obs.replicas, ready=f"0/{obs.replicas}")
     states = _engine_states(engines)

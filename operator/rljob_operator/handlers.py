@@ -1,0 +1,106 @@
+"""kopf wiring: one daemon per RLJob, a wake-up on every watch event, operator settings.
+
+Level-based on purpose (kopf's docs/reconciliation.rst): no create/update handlers whose
+missed edges would lose work. The daemon of a job runs the `JobRuntime` loop for as long as
+the RLJob exists and this replica leads; each watch event only pokes that loop awake. A
+restart or failover starts the daemons afresh and they converge from the cluster and the
+RLJob status.
+
+kopf runs only while this replica holds the leader Lease (see `main`): kopf's peering is
+not leader election. As a second guard every pass checks leadership before acting.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+
+from controller_runtime.ports import Platform
+from rljob_operator.kubeapi import GROUP, PLURAL, VERSION, KubeApi
+from rljob_operator.metrics import Metrics
+from rljob_operator.reconcile.health import JobRuntime
+from rljob_operator.registry import JobRegistry
+from rljob_operator.settings import OperatorSettings
+
+log = logging.getLogger(__name__)
+
+FINALIZER = "rljob.io/operator"
+ANNOTATION_PREFIX = "rljob.io"
+
+
+@dataclass
+class OperatorContext:
+    """Everything handlers need, handed to kopf as `memo` (copied shallowly per object)."""
+
+    settings: OperatorSettings
+    kube: KubeApi
+    registry: JobRegistry
+    metrics: Metrics
+    is_leader: Callable[[], bool]
+    make_platform: Callable[[dict[str, Any]], Platform]
+    apply: Callable[[dict[str, Any]], Awaitable[Any]]
+    controller_url: str
+    runtimes: dict[tuple[str, str], JobRuntime] = field(default_factory=dict)
+
+
+def kopf_settings(s: OperatorSettings) -> kopf.OperatorSettings:
+    """kopf settings chosen against watch stalls and for where kopf keeps its own state."""
+    ks = kopf.OperatorSettings()
+    # A watch that silently stops delivering events is the classic kopf stall: bound every
+    # watch request on the server and the client side, and the TCP connect.
+    ks.watching.server_timeout = s.watch_server_timeout
+    ks.watching.client_timeout = s.watch_client_timeout
+    ks.watching.connect_timeout = s.watch_connect_timeout
+    ks.networking.request_timeout = 30.0
+    ks.networking.connect_timeout = 10.0
+    # kopf's bookkeeping goes into annotations under our prefix, not into status: status is
+    # ours alone (the CRD's status schema would prune status.kopf anyway).
+    ks.persistence.finalizer = FINALIZER
+    ks.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=ANNOTATION_PREFIX)
+    ks.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
+    )
+    # Leader election replaces peering: never wait for or write KopfPeering objects.
+    ks.peering.standalone = True
+    ks.posting.level = logging.WARNING  # only kopf's own warnings become Events; ours are explicit
+    ks.process.ultimate_exiting_timeout = 30.0
+    return ks
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, id="rljob", cancellation_timeout=30.0, backoff=5.0)
+async def run_rljob(body: kopf.Body, stopped: kopf.DaemonStopped, memo: Any, **_: Any) -> None:
+    """The per-job loop: children, suspension, engines (InferenceController), status."""
+    ctx: OperatorContext = memo
+    key = (body["metadata"]["namespace"], body["metadata"]["name"])
+    if not ctx.is_leader():  # kopf runs only while leading; this is the second guard
+        await stopped.wait()
+        return
+    rt = JobRuntime(
+        body=body,
+        kube=ctx.kube,
+        platform=ctx.make_platform(dict(body)),
+        apply=ctx.apply,
+        registry=ctx.registry,
+        metrics=ctx.metrics,
+        controller_url=ctx.controller_url,
+        resync_seconds=ctx.settings.resync_seconds,
+        acting=ctx.is_leader,
+    )
+    ctx.runtimes[key] = rt
+    try:
+        await rt.run(stopped)
+    finally:
+        if ctx.runtimes.get(key) is rt:
+            del ctx.runtimes[key]
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL, id="wake")
+async def wake_rljob(name: str, namespace: str, memo: Any, **_: Any) -> None:
+    """Any change of the RLJob (spec edit, suspend) wakes its loop at once."""
+    rt = memo.runtimes.get((namespace, name))
+    if rt is not None:
+        rt.poke()

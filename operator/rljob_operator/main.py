@@ -1,0 +1,203 @@
+"""`rljob-operator`: leader election, the controller API, /metrics + /healthz, and kopf.
+
+Startup order matters:
+1. the HTTP servers start at once on every replica: a standby answers the controller API
+   with 503 + Retry-After and is healthy;
+2. the Lease loop runs; only once this replica holds the Lease does kopf start (so no
+   handler, daemon or status write ever runs on a standby);
+3. when the Lease is lost (cannot renew within the renew deadline, or a conflict shows
+   another holder), kopf is stopped and the process exits with status 1: the Deployment
+   restarts it as a fresh standby, which is simpler and safer than re-arming kopf in-process.
+A clean shutdown (SIGTERM) stops kopf, releases the Lease so a standby takes over at once,
+and exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import kopf
+from aiohttp import web
+
+from rljob_operator import handlers  # noqa: F401  (registers the kopf handlers)
+from rljob_operator.auth import Authorizer
+from rljob_operator.controller_api import ControlServer, ops_app
+from rljob_operator.handlers import OperatorContext, kopf_settings
+from rljob_operator.kubeapi import KubeApi, KubeLeaseStore, load_api_client
+from rljob_operator.leader import LeaderElector
+from rljob_operator.logging import configure_logging
+from rljob_operator.metrics import Metrics
+from rljob_operator.registry import JobRegistry
+from rljob_operator.settings import OperatorSettings, load_settings
+
+log = logging.getLogger("rljob_operator")
+
+EXIT_LOST_LEADERSHIP = 1
+
+
+def controller_url(s: OperatorSettings) -> str:
+    """How pods reach the controller API: explicit, else the chart's Service naming."""
+    if s.controller_url:
+        return s.controller_url
+    ns = os.environ.get("POD_NAMESPACE") or s.effective_lease_namespace
+    return f"http://rljob-operator.{ns}.svc:{s.api_port}"
+
+
+def make_platform_factory(kube: KubeApi) -> Any:
+    from rljob_operator.platform import KubernetesPlatform
+
+    def make(body: dict[str, Any]) -> Any:
+        return KubernetesPlatform(kube.api_client, body["metadata"]["namespace"], body)
+
+    return make
+
+
+def make_apply(kube: KubeApi) -> Any:
+    from rljob_operator.platform import apply
+
+    async def do_apply(obj: dict[str, Any]) -> Any:
+        return await apply(kube.api_client, obj)
+
+    return do_apply
+
+
+async def start_site(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    server = site._server
+    bound = port
+    if server is not None and server.sockets:  # port 0: report the one the OS picked
+        bound = server.sockets[0].getsockname()[1]
+    return runner, bound
+
+
+async def run_operator(s: OperatorSettings) -> int:
+    if s.kubeconfig:
+        os.environ["KUBECONFIG"] = s.kubeconfig  # kopf's own login reads it
+    kube = KubeApi(load_api_client(s.kubeconfig))
+    metrics = Metrics()
+    registry = JobRegistry()
+    lost = asyncio.Event()
+
+    async def on_started() -> None:
+        metrics.leader.set(1)
+
+    async def on_stopped() -> None:
+        metrics.leader.set(0)
+        lost.set()
+
+    elector = LeaderElector(
+        KubeLeaseStore(kube, s.effective_lease_namespace, s.lease_name),
+        s.identity,
+        s.lease_duration_seconds,
+        s.renew_deadline_seconds,
+        s.retry_period_seconds,
+        on_started_leading=on_started,
+        on_stopped_leading=on_stopped,
+    )
+
+    async def job_exists(ns: str, name: str) -> bool:
+        return await kube.get_rljob(ns, name) is not None
+
+    control = ControlServer(
+        registry,
+        Authorizer(kube, cache_seconds=s.auth_cache_seconds),
+        is_leader=elector.is_leader,
+        leader_name=lambda: elector.leader,
+        job_exists=job_exists,
+        watches=s.watches,
+        metrics=metrics,
+    )
+    kopf_task: asyncio.Task[None] | None = None
+
+    def healthy() -> tuple[bool, str]:
+        if kopf_task is not None and kopf_task.done():
+            return False, "kopf stopped"
+        return True, "leader" if elector.is_leader() else "standby"
+
+    api_runner, api_port = await start_site(control.app(), s.api_host, s.api_port)
+    ops_runner, ops_port = await start_site(ops_app(metrics, healthy), s.metrics_host, s.metrics_port)
+    log.info("listening", extra={"controller_api_port": api_port, "metrics_port": ops_port, "identity": s.identity})
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    elector_stop = asyncio.Event()
+    elector_task = asyncio.create_task(elector.run(elector_stop), name="leader-election")
+    exit_code = 0
+    try:
+        waiters = [asyncio.ensure_future(elector.leading.wait()), asyncio.ensure_future(stop.wait())]
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        for w in waiters:
+            w.cancel()
+        if not stop.is_set():
+            log.info("leading: starting kopf", extra={"identity": s.identity})
+            kopf_stop = asyncio.Event()
+            ctx = OperatorContext(
+                settings=s,
+                kube=kube,
+                registry=registry,
+                metrics=metrics,
+                is_leader=elector.is_leader,
+                make_platform=make_platform_factory(kube),
+                apply=make_apply(kube),
+                controller_url=controller_url(s),
+            )
+            kopf_task = asyncio.create_task(
+                kopf.operator(
+                    settings=kopf_settings(s),
+                    standalone=True,
+                    clusterwide=s.clusterwide,
+                    namespaces=list(s.namespaces),
+                    memo=ctx,
+                    stop_flag=kopf_stop,
+                ),
+                name="kopf",
+            )
+            # kopf installs its own SIGINT/SIGTERM handlers (they stop kopf); ours stay for the rest.
+            waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(lost.wait()), kopf_task]
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            for w in waiters[:2]:
+                w.cancel()
+            if lost.is_set():
+                log.error("lost the leader Lease: stopping kopf and exiting", extra={"identity": s.identity})
+                exit_code = EXIT_LOST_LEADERSHIP
+            kopf_stop.set()
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.wait_for(kopf_task, timeout=60)
+    finally:
+        elector_stop.set()
+        elector_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await elector_task
+        if exit_code == 0:
+            await elector.release()
+        await api_runner.cleanup()
+        await ops_runner.cleanup()
+        kube.close()
+    return exit_code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        s = load_settings(argv)
+    except Exception as e:  # pydantic's message names the flag
+        print(f"rljob-operator: {e}", file=sys.stderr)
+        return 2
+    configure_logging(s.log_level, s.log_format)
+    return asyncio.run(run_operator(s))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

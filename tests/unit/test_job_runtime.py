@@ -1,0 +1,164 @@
+"""JobRuntime passes on the fake ports: status writes, restore, suspend, TTL. Logic only:
+tests/integration/test_operator*.py run the same code against a real API server."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from rljob_operator.conditions import find
+from rljob_operator.metrics import Metrics
+from rljob_operator.reconcile.health import JobRuntime
+from rljob_operator.registry import JobRegistry
+
+from controller_runtime.clock import FakeClock, iso
+from controller_runtime.fakes import FakeEngines, FakePlatform
+
+
+class FakeKube:
+    """Records what the runtime writes; the status patch is merged like the API server does."""
+
+    def __init__(self, body: dict[str, Any]) -> None:
+        self.body = body
+        self.patches: list[dict[str, Any]] = []
+        self.events: list[tuple[str, str, str]] = []
+        self.deleted: list[str] = []
+
+    async def patch_rljob_status(self, ns: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
+        self.patches.append(status)
+        merged = dict(self.body.get("status") or {})
+        for k, v in status.items():
+            if v is None:
+                merged.pop(k, None)
+            else:
+                merged[k] = copy.deepcopy(v)
+        self.body["status"] = merged
+        return copy.deepcopy(self.body)
+
+    async def create_event(self, involved, type_, reason, message, now, action="Reconcile") -> None:
+        self.events.append((type_, reason, message))
+
+    async def get_job(self, ns: str, name: str) -> dict[str, Any] | None:
+        return None
+
+    async def delete_rljob(self, ns: str, name: str, uid: str | None = None) -> None:
+        self.deleted.append(name)
+
+
+def rljob(replicas: int = 2, **spec: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "job", "namespace": "ns", "uid": "u-1", "generation": 1},
+        "spec": {
+            "model": {"path": "/models/tiny"},
+            "inference": {"replicas": replicas, "gpusPerEngine": 0,
+                          "healthCheck": {"intervalSeconds": 1, "failureThreshold": 2}},
+            "rollout": {"dataset": {"path": "/data/p.jsonl"}},
+            "trainer": {"workloadRef": {"apiVersion": "batch/v1", "kind": "Job", "name": "mine"}},
+            **spec,
+        },
+    }
+
+
+def runtime(body: dict[str, Any], platform: FakePlatform, clock: FakeClock, registry: JobRegistry | None = None):
+    kube = FakeKube(body)
+    applied: list[dict[str, Any]] = []
+
+    async def apply(obj: dict[str, Any]) -> None:
+        applied.append(obj)
+
+    rt = JobRuntime(body=body, kube=kube, platform=platform, apply=apply, registry=registry or JobRegistry(),
+                    metrics=Metrics(), controller_url="http://op:8080", resync_seconds=5, clock=clock,
+                    engines=FakeEngines())
+    return rt, kube, applied
+
+
+async def settle(rt: JobRuntime, passes: int = 4) -> None:
+    for _ in range(passes):
+        await rt.run_pass()
+    await rt.recorder.flush()
+
+
+async def test_passes_bring_the_fleet_to_ready_and_write_status_and_events():
+    clock, platform, body = FakeClock(), FakePlatform(), rljob()
+    rt, kube, applied = runtime(body, platform, clock)
+    rt.recorder.start()
+    await settle(rt)
+    st = body["status"]
+    assert st["ready"] == "2/2" and st["phase"] == "Running" and st["observedGeneration"] == 1
+    assert find(st["conditions"], "Ready")["status"] == "True"
+    kinds = sorted(o["kind"] for o in applied)
+    assert kinds == ["Deployment", "Service", "Service", "Service"]  # headless, engines, rollout; executor
+    reasons = {r for _, r, _ in kube.events}
+    assert {"CellServing", "AllEnginesServing"} <= reasons
+    n = len(kube.patches)
+    await rt.run_pass()
+    assert len(kube.patches) == n  # nothing changed: nothing written
+    await rt.recorder.close()
+
+
+async def test_a_new_runtime_restores_cells_and_the_open_lock_from_status():
+    clock, platform, body = FakeClock(), FakePlatform(), rljob()
+    rt, _, _ = runtime(body, platform, clock)
+    await settle(rt)
+    window = await rt.controller.start_update_weights("trainer-0")
+    await rt.publish("start_update_weights")
+    created = len(platform.created)
+
+    rt2, _, _ = runtime(body, platform, clock)  # the operator restarted: same cluster, same status
+    await settle(rt2)
+    assert rt2.controller.lock.current is not None and rt2.controller.lock.current.holder == "trainer-0"
+    assert len(platform.created) == created  # no duplicate cells
+    await rt2.controller.end_update_weights(window.snapshot, weight_version="2")
+    await rt2.publish("end")
+    assert body["status"]["weightVersion"] == "2" and "lock" not in body["status"]
+
+
+async def test_replicas_change_is_reconciled_live():
+    clock, platform, body = FakeClock(), FakePlatform(), rljob()
+    rt, _, _ = runtime(body, platform, clock)
+    await settle(rt)
+    body["spec"]["inference"]["replicas"] = 3
+    body["metadata"]["generation"] = 2
+    await settle(rt)
+    assert body["status"]["ready"] == "3/3" and body["status"]["observedGeneration"] == 2
+
+
+async def test_suspend_deletes_engines_and_resume_recreates_them_pending_weights():
+    clock, platform, body = FakeClock(), FakePlatform(), rljob()
+    registry = JobRegistry()
+    rt, _, _ = runtime(body, platform, clock, registry)
+    await settle(rt)
+    body["status"]["weightVersion"] = "3"  # a weight update happened before the suspend
+    rt.stored_status["weightVersion"] = "3"
+    body["spec"]["suspend"] = True
+    await settle(rt, 2)
+    st = body["status"]
+    assert platform.cells == {} and rt.controller is None and registry.get("ns", "job") is None
+    assert st["phase"] == "Suspended" and st["engines"] == [] and st["ready"] == "0/2"
+    assert find(st["conditions"], "Suspended")["status"] == "True"
+    body["spec"]["suspend"] = False
+    await settle(rt)
+    assert len(platform.cells) == 2
+    assert {e["state"] for e in body["status"]["engines"]} == {"PendingWeights"}
+    assert find(body["status"]["conditions"], "Suspended")["status"] == "False"
+
+
+async def test_finished_job_is_deleted_after_its_ttl():
+    clock, platform, body = FakeClock(), FakePlatform(), rljob(ttlSecondsAfterFinished=60)
+    rt, kube, _ = runtime(body, platform, clock)
+    await settle(rt)
+    body["status"]["phase"] = rt.stored_status["phase"] = "Succeeded"
+    body["status"]["completionTime"] = rt.stored_status["completionTime"] = iso(clock.now())
+    delay = await rt.run_pass()
+    assert (platform.cells == {} and kube.deleted == [] and 55 <= delay <= 60) or delay == rt.resync_seconds
+    await clock.advance(61)
+    await rt.run_pass()
+    assert kube.deleted == ["job"]
+
+
+async def test_standby_runtime_takes_no_action():
+    clock, platform, body = FakeClock(), FakePlatform(), rljob()
+    rt, kube, applied = runtime(body, platform, clock)
+    rt.acting = lambda: False
+    await settle(rt)
+    assert platform.created == [] and kube.patches == [] and applied == []
