@@ -107,9 +107,19 @@ class Cell:
     def recreate(self, now: float, *, charge: bool) -> None:
         """Start the next generation in Pending; `charge` counts it against the restart budget."""
         check_transition(self.name, self.state, CellState.Pending)
-        self.generation += 1
         if charge:
             self.restarts += 1
+        self._new_incarnation(self.generation + 1, now)
+        self.message = f"recreated as generation {self.generation}"
+
+    def adopt(self, generation: int, now: float) -> None:
+        """Take over a newer generation found on the platform (created by a controller that died
+        before recording it). Not a transition: whatever this record said, those pods start afresh."""
+        self._new_incarnation(generation, now)
+        self.message = f"adopted generation {generation} found on the platform"
+
+    def _new_incarnation(self, generation: int, now: float) -> None:
+        self.generation = generation
         self.state = CellState.Pending
         self.pods = ()
         self.endpoint = None
@@ -122,7 +132,6 @@ class Cell:
         self.next_restart_time = None
         self.last_transition_time = now
         self.created_time = now
-        self.message = f"recreated as generation {self.generation}"
 
     def to_status(self) -> EngineStatus:
         return EngineStatus(

@@ -46,7 +46,7 @@ from controller_runtime.errors import EngineError, LockHeld, WeightCheckMismatch
 from controller_runtime.evalpin import NOT_CONFIGURED, UNHEALTHY, EvalFleet, pin_eval_clients
 from controller_runtime.events import ControllerEvent, Reason
 from controller_runtime.health import HealthMonitor, ProbeOutcome, Verdict
-from controller_runtime.lock import ControllerLock, WindowLock
+from controller_runtime.lock import ControllerLock, WindowLock, normalise_snapshot
 from controller_runtime.ports import CellObservation, CellRequest, EngineClient, EngineClientFactory, Platform
 from controller_runtime.restart import RestartBudget
 from controller_runtime.weightcheck import changed_tensors, collect_checksums, compare_checksums
@@ -345,9 +345,10 @@ class InferenceController:
             return
         if obs is not None and obs.generation > cell.generation:
             # Created by a controller that died before it recorded the new generation: adopt it.
-            cell.generation, cell.state, cell.weight_version = obs.generation, S.Pending, None
-            cell.message = f"adopted generation {obs.generation} found on the platform"
-            cell.created_time = self.clock.now()
+            old_endpoint = cell.endpoint
+            cell.adopt(obs.generation, self.clock.now())
+            self.health.forget(cell.name)
+            await self._drop_client(old_endpoint)
         if obs is None or obs.generation < cell.generation:
             if obs is not None and self._deleted_generation.get(cell.name) != obs.generation:
                 await self.platform.delete_cell(cell.name)  # stale pods of an older generation
@@ -583,7 +584,12 @@ class InferenceController:
         if cell.state == S.Offloaded and MemoryTag.weights not in cell.memory:
             back = cell.state_before_offload or S.PendingWeights
             cell.state_before_offload = None
-            self._move(cell, back, "weights onloaded")
+            if back == S.Serving and cell.weight_version != self.weight_version:
+                # It slept through a weight update: serving again would serve stale weights.
+                self._move(cell, S.PendingWeights,
+                           f"weights onloaded at {cell.weight_version}, fleet is at {self.weight_version}")
+            else:
+                self._move(cell, back, "weights onloaded")
         return [str(t) for t in resume]
 
     def _memory_change(self, cells: list[Cell], results: Iterable[object]) -> MemoryChange:
@@ -695,6 +701,7 @@ class InferenceController:
         it is aborted (participants stopped, lock released) and WeightCheckMismatch is raised.
         """
         async with self._mutex:
+            await self._expire_lock_if_due()  # a window past its expiry cannot be ended any more
             lock = self.lock.check(snapshot)
             version = weight_version if weight_version is not None else _next_version(self.weight_version)
             if self.spec.weight_update.check_weights:
@@ -732,6 +739,9 @@ class InferenceController:
     async def abort_update_weights(self, snapshot: dict[str, int]) -> list[str]:
         """Stop every participant whose generation has not changed; always release the lock."""
         async with self._mutex:
+            expired = await self._expire_lock_if_due()
+            if expired is not None and expired[0].snapshot == normalise_snapshot(snapshot):
+                return expired[1]  # already aborted by its expiry: the same answer
             lock = self.lock.check(snapshot)
             return await self._abort_locked(lock, f"update window of {lock.holder!r} aborted")
 
@@ -760,14 +770,15 @@ class InferenceController:
                    warning=True)
         return stopped
 
-    async def _expire_lock_if_due(self) -> None:
+    async def _expire_lock_if_due(self) -> tuple[WindowLock, list[str]] | None:
+        """Abort the open window if it is past its expiry; returns it and the cells stopped."""
         lock = self.lock.expired(self.clock.now())
         if lock is None:
-            return
+            return None
         self._emit(Reason.LockExpired, f"update window of {lock.holder!r} open since {iso(lock.since)} "
                    f"expired at {iso(lock.expires)}; aborting it", warning=True)
         self._audit_safe("lock_expired", holder=lock.holder, since=iso(lock.since), expires=iso(lock.expires))
-        await self._abort_locked(lock, f"lock of {lock.holder!r} expired")
+        return lock, await self._abort_locked(lock, f"lock of {lock.holder!r} expired")
 
 
 def _tags(tags: Iterable[MemoryTag | str]) -> list[MemoryTag]:

@@ -683,3 +683,36 @@ async def test_eval_cells_survive_restore_in_their_own_group() -> None:
     creates = len(h.platform.created)
     await settle(h2)
     assert len(h.platform.created) == creates and h.platform.deleted == []
+
+
+async def test_onloaded_cell_that_slept_through_an_update_waits_for_weights() -> None:
+    h = harness(2)
+    await serve(h, "1")
+    h.ctrl.flush_retries = 1
+    h.engine(1).flush_failures = 1  # cell 1 refuses to offload and stays Serving
+    change = await h.ctrl.offload(["weights"])
+    assert list(change.failed) == ["demo-cell-1"] and h.states() == [S.Offloaded, S.Serving]
+    await h.ctrl.prepare_rollout(1)
+    window = await h.ctrl.start_update_weights("t")
+    assert window.snapshot == {"demo-cell-1": 0}  # the offloaded cell cannot take weights
+    await h.ctrl.end_update_weights(window.snapshot, "2")
+    await h.ctrl.onload(["weights"])
+    assert h.states() == [S.PendingWeights, S.Serving]
+    assert "fleet is at 2" in h.cell(0).message
+    assert h.ctrl.serving_endpoints() == [h.cell(1).endpoint]
+
+
+async def test_end_after_expiry_is_refused_and_abort_after_expiry_answers_the_same() -> None:
+    h = harness(1)
+    await bring_up(h)
+    window = await h.ctrl.start_update_weights("t")
+    await h.clock.advance(600)
+    assert await h.ctrl.abort_update_weights(window.snapshot) == ["demo-cell-0"]
+    h2 = harness(1)
+    await bring_up(h2)
+    window2 = await h2.ctrl.start_update_weights("t")
+    await h2.clock.advance(601)
+    with pytest.raises(SnapshotMismatch):
+        await h2.ctrl.end_update_weights(window2.snapshot, "1")
+    assert h2.ctrl.weight_version is None and h2.states() == [S.Pending]
+    assert Reason.LockExpired in h2.reasons()
