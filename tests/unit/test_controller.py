@@ -716,3 +716,27 @@ async def test_end_after_expiry_is_refused_and_abort_after_expiry_answers_the_sa
         await h2.ctrl.end_update_weights(window2.snapshot, "1")
     assert h2.ctrl.weight_version is None and h2.states() == [S.Pending]
     assert Reason.LockExpired in h2.reasons()
+
+
+async def test_probe_in_flight_across_offload_and_resume_is_discarded() -> None:
+    h = harness(1)
+    await serve(h)
+    engine = h.engine(0)
+    engine.healthy = False
+    await h.clock.advance(10)
+    await h.ctrl.probe_health()
+    assert h.cell(0).consecutive_failures == 1  # one more failure would make it Unhealthy
+    engine.health_gate = asyncio.Event()
+    await h.clock.advance(10)
+    started = engine.health_started
+    probing = asyncio.create_task(h.ctrl.probe_health())
+    for _ in range(1000):
+        if engine.health_started > started:
+            break
+        await asyncio.sleep(0)
+    assert engine.health_started > started
+    await h.ctrl.offload(["kv_cache"])  # pause: epoch moves on
+    await h.ctrl.onload(["kv_cache"])  # resume: epoch moves on again
+    engine.health_gate.set()
+    await asyncio.wait_for(probing, 5)
+    assert h.cell(0).state == S.Serving and h.cell(0).consecutive_failures == 1
