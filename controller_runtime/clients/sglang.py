@@ -188,22 +188,24 @@ class SGLangClient:
         )
 
     async def weights_checker(self, action: str) -> dict[str, Any]:
-        """POST /weights_checker {action} (checksum; older SGLang: snapshot|reset_tensors|compare)."""
+        """POST /weights_checker {action}: checksum (current SGLang), snapshot|reset_tensors|compare (older)."""
         return await self._post_success("/weights_checker", {"action": action})
 
     async def weight_checksums(self) -> dict[str, str]:
-        """Checksums from the `checksum` action: per-rank payloads merged (names are rank-unique)."""
+        """The `checksum` action's per-rank tables merged as `rank{r}/{tensor}` (as miles does:
+        tensor-parallel ranks hold shards under the same names)."""
         reply = await self.weights_checker("checksum")
-        payloads: list[Any] = []
-        if isinstance(reply.get("ranks"), list):
-            payloads = [r.get("checksums") if isinstance(r, dict) else None for r in reply["ranks"]]
-        elif isinstance(reply.get("payload"), dict):
-            payloads = [reply["payload"].get("checksums")]
-        if not payloads or not all(isinstance(p, dict) for p in payloads):
-            raise EngineProtocolError(self.endpoint, f"/weights_checker: no checksums in {str(reply)[:200]}")
+        ranks = reply.get("ranks")
+        if not isinstance(ranks, list) or not ranks:
+            raise EngineProtocolError(self.endpoint, f"/weights_checker: no ranks in {str(reply)[:200]}")
         merged: dict[str, str] = {}
-        for p in payloads:
-            merged.update({str(k): str(v) for k, v in p.items()})
+        for position, entry in enumerate(ranks):
+            sums = entry.get("checksums") if isinstance(entry, dict) else None
+            if not isinstance(sums, dict):
+                raise EngineProtocolError(self.endpoint, "/weights_checker: a rank has no checksums table")
+            info = entry.get("parallelism_info")
+            rank = info.get("rank", position) if isinstance(info, dict) else position
+            merged.update({f"rank{rank}/{name}": str(value) for name, value in sums.items()})
         return merged
 
     async def close(self) -> None:

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
+import pytest_asyncio
 
 from controller_runtime.api.spec import MemoryTag, PauseMode
 from controller_runtime.clients import Completion, VLLMClient
@@ -31,7 +32,7 @@ REQUEST_TIMEOUT_S = 120.0
 GREEDY_TOKENS = 8
 
 
-@pytest.fixture
+@pytest_asyncio.fixture(loop_scope="function")  # same loop as the test that uses it
 async def vllm(vllm_server: VLLMServer) -> AsyncIterator[VLLMClient]:
     client = VLLMClient(vllm_server.endpoint, timeout=REQUEST_TIMEOUT_S)
     try:
