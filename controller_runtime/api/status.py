@@ -55,7 +55,7 @@ class Condition(ApiModel):
 class EngineStatus(ApiModel):
     """One engine cell as `kubectl describe` shows it."""
 
-    name: str = Field(description="Cell name, <job>-engine-<index>.")
+    name: str = Field(description="Cell name, <job>-cell-<index> (eval cells: <job>-eval-<index>).")
     index: int = Field(0, description="Cell index in the fleet.")
     state: CellState = Field(CellState.Pending, description="Pending, Starting, PendingWeights, Serving, Offloaded, Unhealthy or Failed.")
     generation: int = Field(0, description="Bumped on every recreation; a window snapshot remembers it.")
