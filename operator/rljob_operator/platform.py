@@ -284,7 +284,11 @@ class KubernetesPlatform:
         pods = await self._list_pods(L.engine_selector(self._job.name))
         by_cell: dict[str, list[dict[str, Any]]] = {}
         for pod in pods:
-            by_cell.setdefault(_cell_of(pod), []).append(pod)
+            cell = _cell_of(pod)
+            if not cell or _int_label(pod, L.GENERATION) < 0 or _int_label(pod, L.CELL_INDEX) < 0:
+                log.warning("ignoring engine pod %s without cell labels", pod["metadata"].get("name"))
+                continue
+            by_cell.setdefault(cell, []).append(pod)
         cells: list[CellObservation] = []
         leftovers: list[str] = []
         for name, cell_pods in by_cell.items():

@@ -214,3 +214,14 @@ def test_resource_paths_for_core_and_group_kinds() -> None:
     assert (
         resource_path("ray.io/v1", "RayCluster", "ns", "r") == "/apis/ray.io/v1/namespaces/ns/rayclusters/r"
     )
+
+
+async def test_engine_pods_without_cell_labels_are_ignored() -> None:
+    p, store = platform()
+    await p.create_cell(req(0))
+    stray = copy.deepcopy(store.pods["llama-8b-cell-0-g1-0"])
+    stray["metadata"]["name"] = "stray"
+    del stray["metadata"]["labels"][L.GENERATION]
+    store.pods["stray"] = stray
+    assert [c.name for c in await p.observe_cells()] == ["llama-8b-cell-0"]
+    assert "stray" in store.pods
