@@ -247,11 +247,12 @@ CELL_SHAPE_MSG = (
     "spec.inference.gpusPerEngine must be a multiple of spec.inference.gpusPerNode when it is larger "
     "(a cell spans whole nodes); use e.g. 8, 16 or 24 GPUs with 8 per node"
 )
+# format(), not `+ string(int)`: the API server's cost estimator prices string(int) as an
+# unbounded string and refuses the CRD ("messageExpression cost exceeds budget by 100x").
 CELL_SHAPE_MSG_EXPR = (
-    "'spec.inference.gpusPerEngine (' + string(self.gpusPerEngine) + ') must be a multiple of spec.inference.gpusPerNode ('"
-    " + string(self.gpusPerNode) + ') when it is larger, because a cell spans whole nodes; use '"
-    " + string(self.gpusPerEngine / self.gpusPerNode * self.gpusPerNode) + ' or '"
-    " + string((self.gpusPerEngine / self.gpusPerNode + 1) * self.gpusPerNode)"
+    "'spec.inference.gpusPerEngine (%d) must be a multiple of spec.inference.gpusPerNode (%d) when it is larger, "
+    "because a cell spans whole nodes; use %d or %d'.format([self.gpusPerEngine, self.gpusPerNode, "
+    "self.gpusPerEngine / self.gpusPerNode * self.gpusPerNode, (self.gpusPerEngine / self.gpusPerNode + 1) * self.gpusPerNode])"
 )
 TP_PP_PRODUCT_MSG = (
     "spec.inference.tensorParallelSize x spec.inference.pipelineParallelSize must equal spec.inference.gpusPerEngine "
@@ -351,7 +352,7 @@ class DatasetSpec(ApiModel):
     pvc: PvcSource | None = Field(None, description="PVC holding the dataset, mounted at /data in the executor pod; path is then relative to /data.")
     format: DatasetFormat | None = Field(None, description="Defaults to the file extension.")
     prompt_field: str = Field("prompt", min_length=1, max_length=MAX_NAME, description="Field holding the prompt text.")
-    label_field: str | None = Field("label", max_length=MAX_NAME, description="Field handed to the reward function as the reference answer; null for rewards that need none.")
+    label_field: str | None = Field("label", max_length=MAX_NAME, description="Field handed to the reward function as the reference answer; empty for rewards that need none (null means the same, but client-side `kubectl apply` drops nulls, so write \"\").")
     shuffle: bool = Field(True, description="Shuffle deterministically each epoch.")
     seed: int = Field(0, description="Seed of the shuffle; the position is saved so a restart resumes.")
 

@@ -122,8 +122,8 @@ def _section(path: str, node: Schema) -> list[str]:
         if name in required:
             label += " **(required)**"
         default = _code(sub["default"]) if "default" in sub else ""
-        if default == "`{}`":
-            default = "`{}` (fields' defaults)"
+        if _is_section(sub) and "default" in sub:
+            default = "its fields' defaults"
         lines.append(
             f"| {label} | {_cell(type_name(sub))} | {_cell(default)} | {_cell('; '.join(constraints(sub)))} "
             f"| {_cell(_prose(sub.get('description', '')))} |"
@@ -154,8 +154,8 @@ def render(schema: Schema | None = None) -> str:
         "",
         "Conventions:",
         "",
-        "- Field names are camelCase on the wire. A default of `{}` means the block is created for you and "
-        "its fields take their own defaults, so `kubectl get rlj NAME -o yaml` shows every effective setting.",
+        "- Field names are camelCase on the wire. A block whose default is *its fields' defaults* is created "
+        "for you when left out, so `kubectl get rlj NAME -o yaml` shows every effective setting.",
         "- Unknown fields are rejected by `kubectl apply` (server-side field validation, strict by default) "
         "and by local mode; only `affinity` and `rollout.reward.args` take free-form content.",
         "- A `null` is the same as leaving the field out, except where a field says *may be null*.",

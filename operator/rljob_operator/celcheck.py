@@ -12,6 +12,7 @@ Needs the `cel-python` package (the `test` extra); the operator itself never imp
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +64,41 @@ def to_cel(value: Any, schema: Schema | None) -> Any:
     return celpy.json_to_cel(value)
 
 
+_VERB = re.compile(r"%(?:\.(\d+))?(.?)", re.DOTALL)
+
+
+def cel_format(template: Any, args: Any) -> celtypes.StringType:
+    """Kubernetes' `'<template>'.format([args])` (CEL strings extension), the verbs our rules use.
+
+    cel-python lacks the strings extension; %d, %s, %f, %.Nf and %% are implemented here as the
+    Kubernetes library formats them. Any other verb is an error, so a rule that starts using
+    one fails its tests instead of being checked wrongly.
+    """
+    values = list(args)
+
+    def one(match: re.Match[str]) -> str:
+        precision, verb = match.groups()
+        if verb == "%":
+            return "%"
+        if verb not in ("d", "s", "f"):
+            raise ValueError(f"format: unsupported verb %{verb} in {template!r}")
+        if not values:
+            raise ValueError(f"format: too few arguments for {template!r}")
+        value = values.pop(0)
+        if verb == "d":
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ValueError(f"format: %d needs an integer, got {value!r}")
+            return str(int(value))
+        if verb == "f":
+            return f"{float(value):.{int(precision) if precision else 6}f}"
+        return str(value)
+
+    return celtypes.StringType(_VERB.sub(one, str(template)))
+
+
+FUNCTIONS = {"format": cel_format}
+
+
 @dataclass(frozen=True)
 class _Compiled:
     rule: str
@@ -91,8 +127,10 @@ class CelChecker:
                     rule=r["rule"],
                     message=r.get("message", f"failed rule: {r['rule']}"),
                     field_path=r.get("fieldPath", ""),
-                    program=self._env.program(self._env.compile(r["rule"])),
-                    message_program=self._env.program(self._env.compile(message_expr)) if message_expr else None,
+                    program=self._env.program(self._env.compile(r["rule"]), functions=FUNCTIONS),
+                    message_program=(
+                        self._env.program(self._env.compile(message_expr), functions=FUNCTIONS) if message_expr else None
+                    ),
                     transition="oldSelf" in r["rule"],
                 )
             )
@@ -108,10 +146,16 @@ class CelChecker:
     def rules(self) -> list[str]:
         return [c.rule for rules in self._compiled.values() for c in rules]
 
-    def violations(self, obj: dict[str, Any], old: dict[str, Any] | None = None) -> list[RuleViolation]:
-        """All failed rules for a create (`old` None) or an update from `old`."""
-        new = apply_defaults(obj, self.schema)
-        previous = apply_defaults(old, self.schema) if old is not None else None
+    def violations(
+        self, obj: dict[str, Any], old: dict[str, Any] | None = None, *, defaults: bool = True
+    ) -> list[RuleViolation]:
+        """All failed rules for a create (`old` None) or an update from `old`.
+
+        `defaults=False` checks the object as written, as the API server checks a schema's
+        `default` values when it admits the CRD.
+        """
+        new = apply_defaults(obj, self.schema) if defaults else obj
+        previous = old if old is None or not defaults else apply_defaults(old, self.schema)
         out: list[RuleViolation] = []
         self._check(new, previous, self.schema, "", out, in_list=False)
         return out

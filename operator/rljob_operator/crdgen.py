@@ -11,9 +11,9 @@ schema into a *structural* OpenAPI v3 schema as the API server requires it:
   server-side field validation (`--validate=strict`, kubectl's default) turns them into
   errors; `dict[str, Any]` becomes `x-kubernetes-preserve-unknown-fields`;
 - JSON Schema 2020 `exclusiveMinimum: n` becomes OpenAPI 3.0 `minimum: n, exclusiveMinimum: true`;
-- defaults kept for `spec` (default factories too: a nested model's default becomes `{}` and
-  its own fields' defaults fill it, so a stored RLJob shows every effective setting and the
-  CEL rules see them); dropped for `status`, which the operator always writes whole;
+- defaults kept for `spec` (default factories too: a nested model's default is its fields'
+  defaults written out, so a stored RLJob shows every effective setting and the CEL rules
+  see them); dropped for `status`, which the operator always writes whole;
 - CEL rules (`x-kubernetes-validations`) and descriptions kept.
 
 Output is byte-stable: keys in a fixed order, properties in declaration order.
@@ -32,7 +32,7 @@ from pydantic.json_schema import GenerateJsonSchema, NoDefault
 from pydantic_core import core_schema
 
 from controller_runtime.api import GROUP, KIND, PLURAL, VERSION, RLJobSpec, RLJobStatus
-from rljob_operator.structural import Schema, apply_defaults, strip_empty
+from rljob_operator.structural import Schema, strip_empty
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CRD_PATH = REPO_ROOT / "crds" / "rljob.yaml"
@@ -168,17 +168,14 @@ def _default_worth_emitting(default: Any, schema: Schema) -> Any:
     """The default to write, or None when writing it would only add noise.
 
     Empty lists and maps are left out (absent and empty mean the same to every reader). A
-    nested model's default becomes `{}` when its fields' own defaults rebuild it.
+    nested model's default is written out whole, not as `{}`: the API server checks a
+    default against the CEL rules of its object without filling in nested defaults first
+    (`default: {}` on an object with a rule fails with "no such key").
     """
     if isinstance(default, list):
         return default or None
     if isinstance(default, dict) and "properties" in schema:
-        wanted = strip_empty(default)
-        if not wanted:
-            return None
-        if strip_empty(apply_defaults({}, schema)) == wanted:
-            return {}
-        return wanted
+        return strip_empty(default) or None
     if isinstance(default, dict):
         return default or None
     return default
