@@ -52,7 +52,7 @@ def kopf_settings(s: OperatorSettings) -> kopf.OperatorSettings:
     ks = kopf.OperatorSettings()
     # A watch that silently stops delivering events is the classic kopf stall: bound every
     # watch request on the server and the client side, and the TCP connect.
-    ks.watching.server_timeout = s.watch_server_timeout
+    ks.watching.server_timeout = int(s.watch_server_timeout)  # the API server wants an integer
     ks.watching.client_timeout = s.watch_client_timeout
     ks.watching.connect_timeout = s.watch_connect_timeout
     ks.networking.request_timeout = 30.0

@@ -46,7 +46,12 @@ log = logging.getLogger(__name__)
 
 MIN_PASS_SECONDS = 0.2
 ERROR_BACKOFF_MAX = 30.0
-QUIET_CONDITIONS = ("Failed", "Suspended")  # their initial False is not news
+
+
+def _news(c: Mapping[str, Any]) -> bool:
+    """Whether a condition's value is worth an Event even the first time it is set."""
+    bad = {"EnginesHealthy": "False", "Failed": "True", "Suspended": "True", "Ready": "True"}
+    return bad.get(c["type"]) == c["status"]
 
 
 class TimedEngineClient:
@@ -158,6 +163,7 @@ class JobRuntime:
                 trainer_message=self.trainer[1],
                 engine_pods_left=self.engine_pods_left,
             )
+            obs_before = self.stored_status.get("conditions")
             status, changed = build_status(self.stored_status, obs)
             delta = status_delta(self.stored_status, status)
             if not delta:
@@ -166,9 +172,10 @@ class JobRuntime:
             self.stored_status = dict(obj.get("status") or status)
             if self.controller is not None:
                 self.metrics.set_cells(self.namespace, self.name, [e.get("state", "") for e in status.get("engines") or []])
+            before = {c.get("type") for c in (obs_before or [])}
             for c in changed:
-                if c["type"] in QUIET_CONDITIONS and c["status"] == "False" and c.get("reason", "").startswith("Not"):
-                    continue
+                if c["type"] not in before and not _news(c):
+                    continue  # a condition's first, unremarkable value is not an event
                 warning = (c["type"] == "EnginesHealthy" and c["status"] == "False") or (c["type"] == "Failed" and c["status"] == "True")
                 self.recorder.record(
                     "Warning" if warning else "Normal",
