@@ -154,3 +154,39 @@ MUTABLE_EDITS = {
     "more-steps": {"spec.trainer.reference.steps": 1000},
     "engine-written-as-its-default": {"spec.inference.gpusPerNode": 8},
 }
+
+
+@dataclass(frozen=True)
+class Malformed:
+    """A spec the schema itself refuses (no CEL): unknown field, wrong type, out of range."""
+
+    id: str
+    edits: dict[str, Any]
+    field: str
+    apiserver_says: str  # what kube-apiserver's error carries besides the field
+
+    def manifest(self) -> dict[str, Any]:
+        return edited(load_manifest(), self.edits)
+
+
+MALFORMED = [
+    Malformed("unknown-field", {"spec.inference.gpuPerEngine": 2}, "spec.inference.gpuPerEngine", "unknown field"),
+    Malformed("unknown-nested-field", {"spec.rollout.sampling.samples": 4}, "spec.rollout.sampling.samples", "unknown field"),
+    Malformed("string-for-integer", {"spec.inference.replicas": "four"}, "spec.inference.replicas", "must be of type integer"),
+    Malformed("string-for-list", {"spec.inference.engineArgs": "--enforce-eager"}, "spec.inference.engineArgs", "must be of type array"),
+    Malformed("negative-replicas", {"spec.inference.replicas": -1}, "spec.inference.replicas", "greater than or equal to 0"),
+    Malformed("negative-gpus", {"spec.inference.gpusPerEngine": -2}, "spec.inference.gpusPerEngine", "greater than or equal to 0"),
+    Malformed("negative-trainers", {"spec.trainer.replicas": -1}, "spec.trainer.replicas", "greater than or equal to 0"),
+    Malformed(
+        "zero-samples", {"spec.rollout.sampling.nSamplesPerPrompt": 0}, "spec.rollout.sampling.nSamplesPerPrompt",
+        "greater than or equal to 1",
+    ),
+    Malformed(
+        "zero-interval", {"spec.inference.healthCheck.intervalSeconds": 0}, "spec.inference.healthCheck.intervalSeconds",
+        "greater than 0",
+    ),
+    Malformed("unknown-engine", {"spec.inference.engine": "tgi"}, "spec.inference.engine", 'Unsupported value: "tgi"'),
+    Malformed("bad-reward-path", {"spec.rollout.reward.function": "not a function"}, "spec.rollout.reward.function", "should match"),
+    Malformed("missing-dataset", {"spec.rollout": {"batchSize": 4}}, "spec.rollout.dataset", "Required value"),
+    Malformed("too-many-tags", {"spec.inference.offload.tags": ["weights"] * 4}, "spec.inference.offload.tags", "must have at most 3 items"),
+]

@@ -12,7 +12,17 @@ from rljob_operator.celcheck import CelChecker
 from rljob_operator.crdgen import open_api_schema
 
 from controller_runtime.api import RLJobManifest, RLJobSpec
-from tests.unit.crd_cases import IMMUTABLE, INVALID, MUTABLE_EDITS, VALID_EDITS, Case, edited, load_manifest
+from tests.unit.crd_cases import (
+    IMMUTABLE,
+    INVALID,
+    MALFORMED,
+    MUTABLE_EDITS,
+    VALID_EDITS,
+    Case,
+    Malformed,
+    edited,
+    load_manifest,
+)
 
 
 @pytest.fixture(scope="module")
@@ -101,3 +111,11 @@ def test_defaults_fill_fields_before_rules_run(checker: CelChecker) -> None:
     }
     assert checker.violations(minimal) == []
     assert checker.violations(edited(minimal, {"spec.inference.gpusPerEngine": 9})) != []
+
+
+@pytest.mark.parametrize("case", MALFORMED, ids=lambda c: c.id)
+def test_pydantic_refuses_malformed_spec_naming_the_field(case: Malformed) -> None:
+    """Local mode refuses what the API server's schema refuses (unknown fields included)."""
+    with pytest.raises(ValidationError) as err:
+        RLJobManifest.model_validate(case.manifest())
+    assert case.field in str(err.value)
