@@ -142,10 +142,15 @@ class VLLMClient:
         if not await self.reset_prefix_cache():
             raise EngineError(self.endpoint, "prefix cache not reset: running requests still hold blocks")
 
-    async def abort_all(self) -> int:
-        """POST /abort_requests {} aborts every in-flight request; returns how many."""
-        body = await self._http.post_json("/abort_requests", {})
+    async def abort_requests(self, request_ids: Sequence[str] = ()) -> int:
+        """POST /abort_requests: the named requests, or every in-flight one; returns how many."""
+        body = await self._http.post_json(
+            "/abort_requests", {"request_ids": list(request_ids)} if request_ids else {}
+        )
         return expect_field(self.endpoint, "/abort_requests", body, "aborted", int)
+
+    async def abort_all(self) -> None:
+        await self.abort_requests()
 
     # -- weights ------------------------------------------------------------------------------
 

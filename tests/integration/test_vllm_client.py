@@ -110,7 +110,7 @@ async def test_abort_all_ends_a_request_held_by_pause_keep(vllm: VLLMClient) -> 
         aborted: list[int] = []
 
         async def aborted_one() -> bool:  # the request reaches the engine asynchronously
-            aborted.append(await vllm.abort_all())
+            aborted.append(await vllm.abort_requests())
             return aborted[-1] >= 1
 
         await poll_until(aborted_one)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 
 from controller_runtime.api.spec import Engine
@@ -9,6 +11,7 @@ from controller_runtime.clients import SGLangClient, VLLMClient, make_engine_cli
 from controller_runtime.clients.completions import completion_request, parse_completion
 from controller_runtime.clients.prometheus import parse_prometheus
 from controller_runtime.errors import EngineProtocolError
+from controller_runtime.ports import EngineClient
 
 EP = "http://127.0.0.1:1"
 
@@ -105,3 +108,14 @@ def test_factory_picks_the_client_for_the_engine() -> None:
     assert make_engine_client("sglang", EP + "/").endpoint == EP
     with pytest.raises(ValueError):
         make_engine_client("tgi", EP)
+
+
+@pytest.mark.parametrize("cls", [VLLMClient, SGLangClient])
+def test_each_client_has_every_engine_client_method(cls: type) -> None:
+    wanted = {n for n, v in vars(EngineClient).items() if inspect.iscoroutinefunction(v)}
+    assert wanted >= {"health", "pause", "update_weights_from_disk", "weight_checksums", "close"}
+    for name in wanted:
+        mine = getattr(cls, name)
+        assert inspect.iscoroutinefunction(mine), name
+        theirs = [p for p in inspect.signature(getattr(EngineClient, name)).parameters if p != "self"]
+        assert [p for p in inspect.signature(mine).parameters if p != "self"][: len(theirs)] == theirs, name
