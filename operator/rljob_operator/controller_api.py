@@ -127,7 +127,7 @@ class ControlServer:
         authorizer: Authorizer,
         is_leader: Callable[[], bool],
         leader_name: Callable[[], str | None] = lambda: None,
-        job_exists: Callable[[str, str], Awaitable[bool]] | None = None,
+        job_exists: Callable[[str, str], Awaitable[dict[str, Any] | None]] | None = None,
         watches: Callable[[str], bool] = lambda _ns: True,
         metrics: Metrics | None = None,
     ) -> None:
@@ -179,12 +179,22 @@ class ControlServer:
             raise ApiError(404, "NotWatched", f"this operator does not watch namespace {ns!r}")
         handle = self.registry.get(ns, name)
         if handle is None:
-            if self.job_exists is not None and await self.job_exists(ns, name):
-                raise ApiError(503, "ControllerStarting", f"the controller of {ns}/{name} is starting", retry_after=1)
-            raise ApiError(404, "JobNotFound", f"RLJob {ns}/{name} not found")
+            raise await self._no_controller(ns, name)
         body = await self._body(request)
         out = await fn(handle, body)
         return web.json_response(out.to_wire() if isinstance(out, BaseModel) else out)
+
+    async def _no_controller(self, ns: str, name: str) -> ApiError:
+        """Why a job has no running controller here, as an answer the client can act on."""
+        job = await self.job_exists(ns, name) if self.job_exists is not None else None
+        if job is None:
+            return ApiError(404, "JobNotFound", f"RLJob {ns}/{name} not found")
+        phase = (job.get("status") or {}).get("phase")
+        if (job.get("spec") or {}).get("suspend"):
+            return ApiError(409, "Suspended", f"RLJob {ns}/{name} is suspended (spec.suspend); its engines are stopped")
+        if phase in ("Succeeded", "Failed"):
+            return ApiError(409, "Finished", f"RLJob {ns}/{name} has {phase.lower()}; its engines are stopped")
+        return ApiError(503, "ControllerStarting", f"the controller of {ns}/{name} is starting", retry_after=1)
 
     @staticmethod
     async def _body(request: web.Request) -> dict[str, Any]:

@@ -30,3 +30,5 @@ def configure_logging(level: str = "INFO", fmt: str = "json") -> None:
     # kopf's per-object loggers are chatty at DEBUG; keep them at our level.
     logging.getLogger("kopf").setLevel(level.upper())
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    # kopf reports every successful handler call (our wake-up runs on each watch event).
+    logging.getLogger("kopf.objects").setLevel(max(logging.WARNING, root.level))

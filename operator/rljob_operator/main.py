@@ -105,8 +105,8 @@ async def run_operator(s: OperatorSettings) -> int:
         on_stopped_leading=on_stopped,
     )
 
-    async def job_exists(ns: str, name: str) -> bool:
-        return await kube.get_rljob(ns, name) is not None
+    async def job_exists(ns: str, name: str) -> dict[str, Any] | None:
+        return await kube.get_rljob(ns, name)
 
     control = ControlServer(
         registry,

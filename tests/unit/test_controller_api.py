@@ -163,3 +163,24 @@ async def test_ops_app_serves_metrics_and_healthz():
         assert r.status == 200 and 'rljob_controller_api_calls_total{code="200",verb="cells"} 1.0' in await r.text()
         r = await client.get("/healthz")
         assert r.status == 200 and (await r.json())["detail"] == "standby"
+
+
+async def test_job_without_controller_says_why():
+    jobs = {
+        "susp": {"spec": {"suspend": True}, "status": {"phase": "Suspended"}},
+        "done": {"spec": {}, "status": {"phase": "Succeeded"}},
+        "new": {"spec": {}, "status": {}},
+    }
+
+    async def job_exists(ns: str, name: str):
+        return jobs.get(name)
+
+    server = ControlServer(JobRegistry(), Authorizer(Reviewer(), clock=FakeClock()), is_leader=lambda: True,
+                           job_exists=job_exists)
+    async with TestClient(TestServer(server.app())) as client:
+        got = {}
+        for name in ("susp", "done", "new", "missing"):
+            r = await client.get(path("cells", name=name), headers={"Authorization": TOKEN})
+            got[name] = (r.status, (await r.json())["reason"])
+    assert got == {"susp": (409, "Suspended"), "done": (409, "Finished"), "new": (503, "ControllerStarting"),
+                   "missing": (404, "JobNotFound")}

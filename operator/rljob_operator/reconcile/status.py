@@ -6,7 +6,7 @@ suspend, the trainer Job's outcome) into the whole status we write. Phases:
 
     Pending -> Starting -> Running -> Succeeded | Failed;  Suspended while spec.suspend.
 
-Decisions (documented in the README's operator section):
+Decisions:
 - Succeeded when the trainer Job completes. Failed when the trainer Job fails, or when every
   engine cell has spent its restart budget (no engine can serve, so training cannot go on).
   A single exhausted cell degrades the job (EnginesHealthy=False, RestartBudgetExhausted)
