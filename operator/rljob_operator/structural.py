@@ -66,3 +66,27 @@ def strip_empty(value: Any) -> Any:
         out = {k: strip_empty(v) for k, v in value.items()}
         return {k: v for k, v in out.items() if not is_empty(v)}
     return value
+
+
+def pruned_paths(value: Any, schema: Schema, path: str = "") -> list[str]:
+    """Paths in `value` the API server would drop as unknown fields (empty: nothing is lost).
+
+    The operator writes status through the status subresource, where unknown fields are
+    pruned silently; this tells a test that every field the models write has a home.
+    """
+    if schema.get("x-kubernetes-preserve-unknown-fields") and "properties" not in schema:
+        return []
+    out: list[str] = []
+    if isinstance(value, dict) and schema.get("type") == "object":
+        props: dict[str, Schema] = schema.get("properties", {})
+        extra = schema.get("additionalProperties")
+        for key, item in value.items():
+            sub = props.get(key, extra if isinstance(extra, dict) else None)
+            if sub is None:
+                out.append(f"{path}.{key}")
+            else:
+                out += pruned_paths(item, sub, f"{path}.{key}")
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for i, item in enumerate(value):
+            out += pruned_paths(item, schema["items"], f"{path}[{i}]")
+    return out

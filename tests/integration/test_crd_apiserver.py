@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from controller_runtime.api import RLJobSpec
+from controller_runtime.api import RLJobSpec, RLJobStatus
 from tests.unit.crd_cases import (
     EXAMPLES,
     IMMUTABLE,
@@ -33,6 +33,7 @@ from tests.unit.crd_cases import (
     Malformed,
     edited,
     load_manifest,
+    sample,
 )
 
 pytestmark = pytest.mark.cluster
@@ -184,3 +185,12 @@ def test_null_label_field_is_kept_by_the_api_server(crd, namespace: str) -> None
     assert res.returncode == 0, res.stderr
     dataset = get_json(crd, namespace, "null-label")["spec"]["rollout"]["dataset"]
     assert "labelField" in dataset and dataset["labelField"] is None
+
+
+def test_full_status_round_trips_through_the_status_subresource(crd, namespace: str) -> None:
+    """Every status field the operator writes is stored, none pruned."""
+    assert apply(crd, namespace, _named(load_manifest(), "full-status")).returncode == 0
+    wire = RLJobStatus.model_validate(sample(RLJobStatus)).to_wire()
+    crd.kubectl("patch", "rljob", "full-status", "-n", namespace, "--subresource=status", "--type=merge",
+                "-p", json.dumps({"status": wire}))
+    assert get_json(crd, namespace, "full-status")["status"] == wire

@@ -9,11 +9,15 @@ name and the message it must carry; the same table runs through cel-python
 from __future__ import annotations
 
 import copy
+import enum
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import BaseModel
 
 from controller_runtime.api import spec as S
 
@@ -190,3 +194,27 @@ MALFORMED = [
     Malformed("missing-dataset", {"spec.rollout": {"batchSize": 4}}, "spec.rollout.dataset", "Required value"),
     Malformed("too-many-tags", {"spec.inference.offload.tags": ["weights"] * 4}, "spec.inference.offload.tags", "must have at most 3 items"),
 ]
+
+
+def sample(annotation: Any, name: str = "") -> Any:
+    """A value for every field of a type, recursively: new status fields are covered without edits here."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return sample(next(a for a in args if a is not type(None)), name)
+    if origin is typing.Literal:
+        return args[0]
+    if origin is list:
+        return [sample(args[0], name)]
+    if origin is dict:
+        return {"k": sample(args[1], name)}
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return {f.alias or n: sample(f.annotation, n) for n, f in annotation.model_fields.items()}
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        return next(iter(annotation)).value
+    if annotation is bool:
+        return True
+    if annotation is int:
+        return 1
+    if annotation is float:
+        return 0.5
+    return "True" if name == "status" else "x"

@@ -10,9 +10,10 @@ import yaml
 from pydantic import BaseModel
 from rljob_operator import apidoc, crdgen
 from rljob_operator.celcheck import CelChecker
-from rljob_operator.structural import apply_defaults, walk
+from rljob_operator.structural import apply_defaults, pruned_paths, walk
 
-from controller_runtime.api import RLJobSpec
+from controller_runtime.api import RLJobSpec, RLJobStatus
+from tests.unit.crd_cases import sample
 
 
 @pytest.fixture(scope="module")
@@ -238,3 +239,20 @@ def test_cel_format_formats_like_kubernetes() -> None:
         cel_format(celtypes.StringType("%q"), celtypes.ListType([celtypes.IntType(1)]))
     with pytest.raises(ValueError, match="needs an integer"):
         cel_format(celtypes.StringType("%d"), celtypes.ListType([celtypes.StringType("1")]))
+
+
+def test_every_status_field_the_operator_writes_survives_pruning(schema: dict[str, Any]) -> None:
+    """The status subresource drops unknown fields silently; every field the models write must have a home."""
+    wire = RLJobStatus.model_validate(sample(RLJobStatus)).to_wire()
+    assert len(wire) == len(RLJobStatus.model_fields)
+    assert pruned_paths(wire, schema["properties"]["status"], "status") == []
+    assert pruned_paths({"spec": {"bogus": 1}}, schema) == [".spec.bogus"]
+
+
+def test_every_spec_field_survives_pruning(schema: dict[str, Any]) -> None:
+    raw = sample(RLJobSpec)
+    raw["rollout"]["reward"]["function"] = "module:function"
+    del raw["trainer"]["command"]  # exclusive with workloadRef
+    wire = RLJobSpec.model_validate(raw).to_wire()
+    assert pruned_paths(wire, schema["properties"]["spec"], "spec") == []
+    assert CelChecker(schema).violations({"spec": wire}) == []
