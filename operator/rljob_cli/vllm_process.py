@@ -87,14 +87,32 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def group_alive(pgid: int) -> bool:
-    """True while any process of the group exists (zombies of our own children included)."""
+    """True while any process of the group exists that is not a zombie.
+
+    A zombie member that is our own child (an orphan re-parented to a subreaper runner) is
+    reaped here; other zombies are dead already and only wait for their parent.
+    """
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    import psutil
+
+    me = os.getpid()
+    for p in psutil.process_iter(["pid", "ppid", "status"]):
+        try:
+            if os.getpgid(p.info["pid"]) != pgid:
+                continue
+        except OSError:
+            continue
+        if p.info["status"] != psutil.STATUS_ZOMBIE:
+            return True
+        if p.info["ppid"] == me and p.info["pid"] != pgid:  # the leader is reaped by its Popen
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(p.info["pid"], os.WNOHANG)
+    return False
 
 
 def kill_group(pgid: int, timeout: float = 15.0, reap: Callable[[], object] | None = None) -> bool:

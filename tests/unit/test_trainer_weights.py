@@ -52,3 +52,14 @@ def test_shared_tensors_are_written_once(tmp_path: Path) -> None:
     tensors = load_file(str(writer.save(Tied(), 1) / "model.safetensors"))
     assert list(tensors) == ["embed.weight"]
     assert tensors["embed.weight"].dtype == torch.float32
+
+
+def test_leftovers_of_an_earlier_run_never_outlive_the_version_just_written(tmp_path: Path) -> None:
+    model = torch.nn.Linear(2, 2)
+    writer = DiskWeightWriter(tmp_path / "sync", _source(tmp_path), keep=2)
+    for v in (29, 30):
+        writer.save(model, v)
+    writer.save(model, 0)  # a second run starts over
+    assert writer.versions() == [0]
+    writer.save(model, 1)
+    assert writer.versions() == [0, 1]

@@ -92,13 +92,21 @@ class DiskWeightWriter:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        self.prune()
+        self.prune(version)
         return final
 
-    def prune(self) -> list[Path]:
-        """Delete all but the newest `keep` versions and stale temporaries; returns what went."""
+    def prune(self, current: int) -> list[Path]:
+        """Keep `current` and the `keep - 1` versions just below it; delete the rest and stale temporaries.
+
+        Versions above `current` are leftovers of an earlier run (or of a step that never
+        completed before a restart) and go too: they must never be mistaken for newer weights.
+        """
         removed: list[Path] = []
-        for v in self.versions()[: -self.keep]:
+        older = [v for v in self.versions() if v < current]
+        keep = {current, *older[max(0, len(older) - (self.keep - 1)):]}
+        for v in self.versions():
+            if v in keep:
+                continue
             p = self.path_for(v)
             shutil.rmtree(p, ignore_errors=True)
             removed.append(p)

@@ -1,0 +1,110 @@
+"""The reference trainer as a pod's process: `python -m rljob_client.trainer`.
+
+The operator starts it with `--model --steps --learning-rate --algorithm --save-every` and the
+environment of a trainer pod: RLJOB_CONTROLLER_URL, RLJOB_NAME, RLJOB_NAMESPACE,
+RLJOB_ROLLOUT_ADDRESS (Ray Client address of the executor), RLJOB_WEIGHTS_DIR (shared
+storage for `disk` weight sync), RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT. Ranks average
+gradients over gloo; rank 0 writes weights and drives the update window. A restarted trainer
+resumes from the controller's weight version if the weights dir still holds it (the
+optimizer state starts afresh).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from controller_runtime.api.spec import Engine, MemoryTag, PauseMode
+from controller_runtime.clients.factory import make_engine_client
+from rljob_client.controller_client import InferenceControllerClient, default_holder
+from rljob_client.trainer.loop import LoopConfig, ThreadedRolloutStream, TrainingLoop
+from rljob_client.trainer.weights import DiskWeightWriter
+
+log = logging.getLogger("rljob_client.trainer")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    env = os.environ.get
+    p = argparse.ArgumentParser(prog="python -m rljob_client.trainer", description=__doc__.split("\n")[0])
+    p.add_argument("--model", default=env("RLJOB_MODEL_PATH"), help="initial model directory (HF format)")
+    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--learning-rate", type=float, default=1e-3)
+    p.add_argument("--algorithm", choices=["grpo", "reinforce"], default="grpo")
+    p.add_argument("--save-every", type=int, default=0, help="accepted for the operator; weight-sync dirs are the checkpoints")
+    p.add_argument("--weights-dir", default=env("RLJOB_WEIGHTS_DIR", "/checkpoints"))
+    p.add_argument("--engine", choices=[e.value for e in Engine], default=env("RLJOB_ENGINE", "vllm"))
+    p.add_argument("--pause-mode", choices=[m.value for m in PauseMode], default=env("RLJOB_PAUSE_MODE", "wait"))
+    p.add_argument("--offload-tags", default=env("RLJOB_OFFLOAD_TAGS", ""),
+                   help="comma-separated tags to offload around training (colocated mode); empty: no offload")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    if not args.model:
+        p.error("--model (or RLJOB_MODEL_PATH) is required")
+    if os.environ.get("RLJOB_WEIGHT_UPDATE_METHOD", "disk") != "disk":
+        p.error(f"the reference trainer syncs weights by disk only, not {os.environ['RLJOB_WEIGHT_UPDATE_METHOD']!r}")
+    return args
+
+
+def init_distributed(rank: int, world_size: int) -> None:
+    if world_size > 1:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+
+
+async def train(args: argparse.Namespace) -> int:
+    from rljob_client.rollout_stream import RolloutStream
+    from rljob_client.trainer.policy import PolicyTrainer
+
+    rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    init_distributed(rank, world_size)
+    controller = InferenceControllerClient.from_env(holder=default_holder())
+    config = LoopConfig(
+        steps=args.steps,
+        sync_dir=Path(args.weights_dir) / controller.name,
+        engine=Engine(args.engine),
+        pause_mode=PauseMode(args.pause_mode),
+        offload_tags=tuple(MemoryTag(t) for t in args.offload_tags.split(",") if t),
+        holder=controller.holder,
+        rank=rank,
+        world_size=world_size,
+    )
+    writer = DiskWeightWriter(config.sync_dir, args.model, keep=config.keep_versions)
+    start_step, model_dir = 0, Path(args.model)
+    current = (await controller.cells()).weight_version
+    if current and current.isdigit() and int(current) in writer.versions():
+        start_step, model_dir = int(current), writer.path_for(int(current))
+        log.info("resuming at step %d from %s", start_step, model_dir)
+    policy = PolicyTrainer(model_dir, args.learning_rate, args.algorithm, seed=args.seed)
+    writer.source = Path(args.model)  # config and tokenizer always come from the served model
+    stream = RolloutStream(controller.name)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    training = TrainingLoop(
+        config, controller, ThreadedRolloutStream(stream), policy,
+        lambda endpoint: make_engine_client(config.engine, endpoint), writer=writer,
+        on_step=lambda r: log.info("step %d reward %.3f loss %.4f v%d (%.2f s)", r.step, r.reward_mean, r.loss,
+                                   r.weight_version, r.step_seconds),
+    )
+    try:
+        await training.run(stop, start_step=start_step)
+    finally:
+        await controller.close()
+        stream.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return asyncio.run(train(parse_args(argv)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

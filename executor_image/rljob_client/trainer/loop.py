@@ -1,0 +1,261 @@
+"""The training loop in miles' colocated step order, with `disk` weight sync.
+
+Per step (REFERENCE-miles.md "Training step order"):
+
+1. `prepare_rollout(step)` on the controller, then the executor's `get(step)` (waits for the batch);
+2. if the trainer shares GPUs with the engines (`trainer.colocate` and `offload.enabled`):
+   `offload(tags)`;
+3. train on the batch;
+4. colocated: `onload_weights()`;
+5. weight update: write version `step + 1` to the shared dir, open the window, and for each
+   engine: pause -> reload from disk -> set weight version -> resume; `end_update_weights`
+   (cells join serving) or, on any failure, `abort_update_weights` and retry; then the
+   executor's `set_weight_version(step + 1)`;
+6. colocated: `onload_kv()`.
+
+Before the first step, version 0 (the initial weights) is pushed the same way: it waits for
+the fleet to come up (the window has no engine until a cell is PendingWeights or Serving)
+and puts every engine on a known version. A trainer restarted mid-job resumes from the
+controller's weight version when its sync dir still holds that version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from controller_runtime.api.spec import Engine, MemoryTag, PauseMode, RLJobSpec
+from controller_runtime.errors import EngineError
+from controller_runtime.ports import EngineClient
+from controller_runtime.window import NoReadyEngines
+from rljob_client.controller_client import ControllerClient
+from rljob_client.trainer.policy import PolicyTrainer, StepMetrics
+from rljob_client.trainer.weights import DiskWeightWriter
+
+if TYPE_CHECKING:  # the executor's batch type; imported for annotations only
+    from rljob_client.trainbatch import TrainBatch
+
+log = logging.getLogger(__name__)
+
+EngineFactory = Callable[[str], EngineClient]
+
+
+class WeightSyncFailed(RuntimeError):
+    """Weights could not be pushed within the allowed attempts."""
+
+
+class RolloutSource(Protocol):
+    """The executor as the loop needs it (RolloutStream, wrapped to be awaitable)."""
+
+    async def get(self, rollout_id: int, rank: int, world_size: int) -> TrainBatch: ...
+
+    async def set_weight_version(self, version: int) -> None: ...
+
+
+class ThreadedRolloutStream:
+    """Adapts the blocking `RolloutStream` (Ray calls) to the loop without blocking the event loop."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    async def get(self, rollout_id: int, rank: int, world_size: int) -> TrainBatch:
+        return await asyncio.to_thread(self.stream.get, rollout_id, rank, world_size)
+
+    async def set_weight_version(self, version: int) -> None:
+        await asyncio.to_thread(self.stream.set_weight_version, version)
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    steps: int
+    sync_dir: Path
+    engine: Engine = Engine.vllm
+    pause_mode: PauseMode = PauseMode.wait
+    offload_tags: tuple[MemoryTag, ...] = ()  # empty: not colocated, no offload
+    holder: str = "trainer-0"
+    rank: int = 0
+    world_size: int = 1
+    max_update_attempts: int = 30  # miles retries a failed update this often
+    retry_seconds: float = 2.0
+    fleet_timeout_seconds: float = 1800.0  # waiting for an engine to take weights at all
+    keep_versions: int = 2
+
+    @classmethod
+    def from_spec(cls, spec: RLJobSpec, *, steps: int | None = None, sync_dir: str | os.PathLike[str] | None = None,
+                  holder: str = "trainer-0", rank: int = 0, world_size: int = 1) -> LoopConfig:
+        inf = spec.inference
+        colocated = spec.trainer.colocate and inf.offload.enabled
+        return cls(
+            steps=steps if steps is not None else spec.trainer.reference.steps,
+            sync_dir=Path(sync_dir if sync_dir is not None else inf.weight_update.shared_path),
+            engine=Engine(inf.engine),
+            pause_mode=PauseMode(inf.weight_update.pause_mode),
+            offload_tags=tuple(MemoryTag(t) for t in inf.offload.tags) if colocated else (),
+            holder=holder,
+            rank=rank,
+            world_size=world_size,
+            fleet_timeout_seconds=inf.health_check.startup_deadline_seconds,
+        )
+
+
+@dataclass
+class StepRecord:
+    """One step as the progress display and the summary see it."""
+
+    step: int
+    weight_version: int
+    reward_mean: float
+    reward_std: float
+    loss: float
+    samples: int
+    response_tokens: int
+    batch_weight_versions: list[int] = field(default_factory=list)
+    rollout_seconds: float = 0.0
+    train_seconds: float = 0.0
+    sync_seconds: float = 0.0
+    step_seconds: float = 0.0
+    update_attempts: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+async def push_from_disk(client: EngineClient, path: str, version: int, pause_mode: PauseMode) -> None:
+    """One engine: pause -> reload weights from `path` -> set the version -> resume.
+
+    Resume is attempted even when the reload fails, so an engine is never left paused by us;
+    the failure still propagates and aborts the window.
+    """
+    await client.pause(pause_mode)
+    try:
+        await client.update_weights_from_disk(path, str(version))
+    finally:
+        await client.resume()
+
+
+class TrainingLoop:
+    def __init__(
+        self,
+        config: LoopConfig,
+        controller: ControllerClient,
+        rollouts: RolloutSource,
+        policy: PolicyTrainer,
+        engines: EngineFactory,
+        *,
+        writer: DiskWeightWriter | None = None,
+        on_step: Callable[[StepRecord], None] | None = None,
+        on_status: Callable[[str], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.controller = controller
+        self.rollouts = rollouts
+        self.policy = policy
+        self.engines = engines
+        self.writer = writer or DiskWeightWriter(config.sync_dir, policy.model_dir, keep=config.keep_versions)
+        self.on_step = on_step
+        self.on_status = on_status
+        self.records: list[StepRecord] = []
+        self.version = 0
+
+    def _status(self, text: str) -> None:
+        log.info("%s", text)
+        if self.on_status is not None:
+            self.on_status(text)
+
+    @property
+    def is_writer(self) -> bool:
+        """Rank 0 writes weights and drives the window; other ranks only train."""
+        return self.config.rank == 0
+
+    async def run(self, stop: asyncio.Event | None = None, start_step: int = 0,
+                  initial_sync: bool = True) -> list[StepRecord]:
+        """Steps `start_step`..steps-1; first pushes version `start_step` unless the caller already did."""
+        if self.is_writer and initial_sync:
+            self._status("pushing the initial weights (waits for an engine to come up)")
+            await self.sync_weights(start_step)
+        for step in range(start_step, self.config.steps):
+            if stop is not None and stop.is_set():
+                break
+            record = await self.step(step)
+            self.records.append(record)
+            if self.on_step is not None:
+                self.on_step(record)
+        return self.records
+
+    async def step(self, step: int) -> StepRecord:
+        started = time.perf_counter()
+        await self.controller.prepare_rollout(step)
+        self._status(f"step {step}: waiting for rollout")
+        batch = await self.rollouts.get(step, self.config.rank, self.config.world_size)
+        got = time.perf_counter()
+        if self.config.offload_tags:
+            await self.controller.offload(list(self.config.offload_tags))
+        self._status(f"step {step}: training on {len(batch)} samples")
+        metrics: StepMetrics = await asyncio.to_thread(self.policy.train_step, batch)
+        if self.config.offload_tags:
+            await self.controller.onload_weights()
+        trained = time.perf_counter()
+        attempts = 1
+        if self.is_writer:
+            attempts = await self.sync_weights(step + 1)
+        if self.config.offload_tags:
+            await self.controller.onload_kv()
+        done = time.perf_counter()
+        return StepRecord(
+            step=step,
+            weight_version=step + 1,
+            reward_mean=metrics.reward_mean,
+            reward_std=metrics.reward_std,
+            loss=metrics.loss,
+            samples=metrics.samples,
+            response_tokens=metrics.response_tokens,
+            batch_weight_versions=sorted({int(v) for v in batch.weight_versions}),
+            rollout_seconds=got - started,
+            train_seconds=metrics.seconds,
+            sync_seconds=done - trained,
+            step_seconds=done - started,
+            update_attempts=attempts,
+        )
+
+    async def sync_weights(self, version: int) -> int:
+        """Write `version` and push it to every engine of a window; returns the attempts it took."""
+        path = await asyncio.to_thread(self.writer.save, self.policy.model, version)
+        attempts = await self.push(str(path), version)
+        await self.rollouts.set_weight_version(version)
+        self.version = version
+        return attempts
+
+    async def push(self, path: str, version: int) -> int:
+        """Open windows until one completes: engine faults abort and retry, an empty fleet waits."""
+        loop = asyncio.get_running_loop()
+        fleet_deadline = loop.time() + self.config.fleet_timeout_seconds
+        attempt = 0
+        while True:
+            try:
+                async with self.controller.update_weights(self.config.holder, weight_version=str(version)) as window:
+                    self._status(f"weights v{version}: pushing to {len(window.engines)} engines")
+                    for engine in window.engines:
+                        client = self.engines(engine.endpoint)
+                        try:
+                            await push_from_disk(client, path, version, self.config.pause_mode)
+                        finally:
+                            await client.close()
+                        window.pushed.append(engine.cell)
+                return attempt + 1
+            except NoReadyEngines as exc:
+                if loop.time() > fleet_deadline:
+                    raise WeightSyncFailed(f"no engine could take weights v{version} within "
+                                           f"{self.config.fleet_timeout_seconds:g} s: {exc}") from exc
+                self._status(f"weights v{version}: waiting for engines ({exc})")
+            except EngineError as exc:
+                attempt += 1
+                log.warning("weights v%d: attempt %d failed (%s); window aborted", version, attempt, exc)
+                if attempt >= self.config.max_update_attempts:
+                    raise WeightSyncFailed(f"weights v{version}: {attempt} attempts failed; last: {exc}") from exc
+            await asyncio.sleep(self.config.retry_seconds)

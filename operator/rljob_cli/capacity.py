@@ -1,0 +1,67 @@
+"""What local mode can run on this machine, and how to scale a manifest down when it cannot.
+
+Pure: the caller measures the machine (available memory) and passes it in, so each refusal
+and its message are unit-tested. Every message names the field and the value that would work,
+because the person reading it wants to change one line of YAML and run again.
+"""
+
+from __future__ import annotations
+
+import math
+
+from controller_runtime.api.spec import Engine, RLJobSpec, WeightUpdateMethod
+
+GIB = 2**30
+BYTES_PER_CPU_ENGINE = int(3.3 * GIB)  # one vLLM CPU server on the tiny model, 1 GiB KV cache
+BYTES_FOR_THE_REST = int(1.5 * GIB)  # Ray head + executor actor + the torch trainer
+
+
+class LocalModeError(Exception):
+    """The manifest asks for something local mode cannot do; the message says what to change."""
+
+
+def max_cells(available_bytes: int) -> int:
+    return max(0, math.floor((available_bytes - BYTES_FOR_THE_REST) / BYTES_PER_CPU_ENGINE))
+
+
+def local_mode_problems(spec: RLJobSpec, available_bytes: int) -> list[str]:
+    """Everything that stops this spec from running here; empty when it fits."""
+    inf, trainer = spec.inference, spec.trainer
+    problems: list[str] = []
+    if inf.engine != Engine.vllm:
+        problems.append(f"spec.inference.engine is {inf.engine}: local mode runs vLLM's CPU build only; set engine: vllm")
+    if inf.gpus_per_engine > 0:
+        problems.append(
+            f"spec.inference.gpusPerEngine is {inf.gpus_per_engine}: local mode runs engines on this machine's CPU "
+            "(vLLM CPU build, no GPUs); scale it down: set spec.inference.gpusPerEngine: 0 and spec.inference.replicas: 1"
+        )
+    if inf.replicas < 1:
+        problems.append("spec.inference.replicas is 0: local mode needs at least one engine cell; set replicas: 1")
+    need = inf.replicas * BYTES_PER_CPU_ENGINE + BYTES_FOR_THE_REST
+    if inf.replicas >= 1 and need > available_bytes:
+        fits = max_cells(available_bytes)
+        hint = (f"scale it down: set spec.inference.replicas: {fits}" if fits >= 1
+                else "free some memory first (no engine fits now)")
+        problems.append(
+            f"spec.inference.replicas is {inf.replicas}: that needs about {need / GIB:.1f} GiB "
+            f"({BYTES_PER_CPU_ENGINE / GIB:.1f} GiB per CPU engine + {BYTES_FOR_THE_REST / GIB:.1f} GiB for Ray, "
+            f"the executor and the trainer) but {available_bytes / GIB:.1f} GiB is available; {hint} "
+            "(and spec.inference.gpusPerEngine: 0)"
+        )
+    if inf.weight_update.method != WeightUpdateMethod.disk:
+        problems.append(f"spec.inference.weightUpdate.method is {inf.weight_update.method}: local mode syncs weights "
+                        "by disk; set method: disk")
+    if trainer.workload_ref is not None or trainer.command:
+        problems.append("spec.trainer: local mode runs the reference trainer; remove workloadRef/command")
+    if trainer.replicas != 1:
+        problems.append(f"spec.trainer.replicas is {trainer.replicas}: local mode runs one trainer; set replicas: 1")
+    if trainer.gpus_per_replica > 0:
+        problems.append(f"spec.trainer.gpusPerReplica is {trainer.gpus_per_replica}: local mode trains on the CPU; "
+                        "set spec.trainer.gpusPerReplica: 0")
+    return problems
+
+
+def check_local_mode(spec: RLJobSpec, available_bytes: int) -> None:
+    problems = local_mode_problems(spec, available_bytes)
+    if problems:
+        raise LocalModeError("this manifest cannot run in local mode:\n  - " + "\n  - ".join(problems))

@@ -1,0 +1,50 @@
+"""The `rljob` command: `rljob run MANIFEST` (local mode) and `rljob status` (a job on a cluster)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import threading
+from pathlib import Path
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rljob", description="Run RLJob manifests locally, or look at jobs on a cluster.")
+    sub = p.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="run a manifest on this machine: local vLLM engines, Ray, executor, trainer")
+    r.add_argument("manifest", type=Path, help="RLJob manifest (YAML), e.g. examples/tiny-cpu.yaml")
+    r.add_argument("--out", type=Path, help="output directory (default: rljob-runs/<job>)")
+    r.add_argument("--steps", type=int, help="training steps (default: spec.trainer.reference.steps)")
+    r.add_argument("-v", "--verbose", action="store_true", help="log controller and trainer details")
+    s = sub.add_parser("status", help="show an RLJob's engines, weight version and lock from the cluster")
+    s.add_argument("name")
+    s.add_argument("-n", "--namespace", default=None)
+    s.add_argument("--kubeconfig", default=None)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.command == "status":
+        from rljob_cli.status import status
+
+        return status(args.name, args.namespace, args.kubeconfig)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from rljob_cli.run import RunOptions, run
+
+    out = args.out or Path("rljob-runs") / args.manifest.stem
+    code = run(RunOptions(manifest=args.manifest, out=out, steps=args.steps, cwd=Path.cwd()))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+        # Every child process is gone by now; a thread still blocked in a Ray client call
+        # would only hold the interpreter's exit.
+        os._exit(code)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

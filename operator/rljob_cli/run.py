@@ -1,0 +1,382 @@
+"""`rljob run MANIFEST`: the whole RL loop on one machine, driven by the same controller as on Kubernetes.
+
+What runs where:
+
+- this process: the InferenceController (controller_runtime, unchanged) over a
+  `LocalPlatform` whose cells are vLLM CPU processes; the controller API on 127.0.0.1 for the
+  executor; the reference trainer (in-process, `LocalControllerClient`), a Ray driver that
+  reads batches from the executor's actor;
+- child process `python -m rollout_executor`: starts a local Ray head and the job's executor
+  actor, finds serving engines through the controller API, exactly as in its pod;
+- child processes: one vLLM server per engine cell, started, probed, restarted by the controller.
+
+Order of shutdown (normal end, error, Ctrl-C/SIGTERM alike): trainer, executor (it stops its
+Ray head), controller loop, engines; then every process recorded in `pids.json` that is
+still there is killed. The summary and reward curve are written whatever happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+from rljob_client.controller_client import LocalControllerClient
+from rljob_client.trainer.loop import LoopConfig, StepRecord, ThreadedRolloutStream, TrainingLoop
+
+from controller_runtime.api.spec import Engine, RLJobManifest
+from controller_runtime.api.status import CellState
+from controller_runtime.audit import AuditLog
+from controller_runtime.clients.factory import make_engine_client
+from controller_runtime.controller import InferenceController
+from rljob_cli import report
+from rljob_cli.capacity import LocalModeError, check_local_mode
+from rljob_cli.children import ChildProcesses
+from rljob_cli.local_api import LocalControlAPI
+from rljob_cli.local_platform import LocalPlatform, VLLMLauncher
+from rljob_cli.manifest import ManifestError, dump, ensure_model, job_name, load_manifest, resolve_paths
+from rljob_cli.progress import Progress
+from rljob_cli.vllm_process import free_port
+
+log = logging.getLogger("rljob")
+
+LOCAL_NAMESPACE = "local"
+EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class RunFailed(Exception):
+    """The run could not continue (an engine that never came up, the executor died, ...)."""
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    manifest: Path
+    out: Path
+    steps: int | None = None
+    cwd: Path = Path(".")
+    executor_ready_timeout: float = 300.0
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A manifest that local mode can run: validated, checked against this machine, paths absolute."""
+
+    manifest: RLJobManifest
+    job: str
+    steps: int
+    model_built: bool
+
+
+def prepare(opts: RunOptions) -> Prepared:
+    """Everything that can fail before a process is started (exit code 2 with a message)."""
+    manifest = load_manifest(opts.manifest)
+    check_local_mode(manifest.spec, psutil.virtual_memory().available)
+    manifest = resolve_paths(manifest, opts.cwd.resolve())
+    assert manifest.spec.model.path is not None
+    _, built = ensure_model(manifest.spec.model.path)
+    steps = opts.steps if opts.steps is not None else manifest.spec.trainer.reference.steps
+    if steps < 1:
+        raise ManifestError("--steps must be at least 1")
+    return Prepared(manifest, job_name(manifest, opts.manifest), steps, built)
+
+
+class ExecutorProcess:
+    """`python -m rollout_executor` in its own process group; it owns its Ray head."""
+
+    def __init__(self, job: str, manifest_path: Path, controller_url: str, token_path: Path, out: Path) -> None:
+        self.job = job
+        self.ready_file = out / "executor-ready.json"
+        self.log_path = out / "logs" / "executor.log"
+        self.ray_temp = Path(tempfile.mkdtemp(prefix="rj", dir="/tmp"))  # Ray's socket paths must stay short
+        self.argv = [
+            sys.executable, "-m", "rollout_executor",
+            "--job", job, "--namespace", LOCAL_NAMESPACE, "--manifest", str(manifest_path),
+            "--controller-url", controller_url, "--token-path", str(token_path),
+            "--node-ip", "127.0.0.1", "--client-port", str(free_port()), "--gcs-port", str(free_port()),
+            "--data-port", "0", "--num-cpus", "2", "--ray-temp-dir", str(self.ray_temp),
+            "--state-dir", str(out / "executor-state"), "--ready-file", str(self.ready_file),
+        ]  # fmt: skip
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> int:
+        self.ready_file.unlink(missing_ok=True)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as logf:
+            self.proc = subprocess.Popen(self.argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         start_new_session=True)
+        return self.proc.pid
+
+    def log_tail(self, n: int = 25) -> str:
+        with contextlib.suppress(OSError):
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        return ""
+
+    async def wait_ready(self, within_s: float) -> dict[str, Any]:
+        assert self.proc is not None
+        deadline = time.monotonic() + within_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RunFailed(f"the executor exited with code {self.proc.returncode} before it was ready "
+                                f"(log: {self.log_path}):\n{self.log_tail()}")
+            with contextlib.suppress(OSError, ValueError):
+                return json.loads(self.ready_file.read_text())
+            await asyncio.sleep(0.5)
+        raise RunFailed(f"the executor was not ready within {within_s:g} s (log: {self.log_path}):\n{self.log_tail()}")
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, grace: float = 30.0) -> None:
+        """SIGTERM lets it kill its actor and stop its Ray head; then its group is killed."""
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    self.proc.send_signal(signal.SIGTERM)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.proc.wait(timeout=grace)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=5)
+        shutil.rmtree(self.ray_temp, ignore_errors=True)
+
+
+class LocalRun:
+    def __init__(self, opts: RunOptions, prepared: Prepared) -> None:
+        self.opts = opts
+        self.prepared = prepared
+        self.spec = prepared.manifest.spec
+        self.job = prepared.job
+        self.out = opts.out.resolve()
+        self.logs = self.out / "logs"
+        self.children = ChildProcesses(self.out / "pids.json")
+        self.stop = asyncio.Event()
+        self.interrupted: str | None = None
+        self.failure: str | None = None
+        self.records: list[StepRecord] = []
+        self.timings: dict[str, float] = {}
+        self.started = time.monotonic()
+
+    # -- setup ---------------------------------------------------------------------------------
+
+    def _prepare_out(self) -> Path:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        for stale in ("summary.json", "reward_curve.png", "executor-ready.json"):
+            (self.out / stale).unlink(missing_ok=True)
+        shutil.rmtree(self.out / "weights", ignore_errors=True)  # versions of an earlier run
+        shutil.rmtree(self.out / "executor-state", ignore_errors=True)
+        resolved = self.out / "manifest.resolved.yaml"
+        resolved.write_text(dump(self.prepared.manifest))
+        return resolved
+
+    def _on_signal(self, signame: str) -> None:
+        if self.interrupted is None:
+            self.interrupted = signame
+            self.progress.write(f"{signame}: stopping (engines, executor, Ray); again to hurry")
+            self.stop.set()
+        else:
+            self.progress.write(f"{signame} again: killing child processes now")
+            for r in self.children.alive():
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(r["pid"], signal.SIGKILL)
+
+    # -- the run ---------------------------------------------------------------------------------
+
+    async def run(self) -> int:
+        resolved = self._prepare_out()
+        inf = self.spec.inference
+        engine = Engine(inf.engine)
+        model = self.spec.model.path
+        assert model is not None
+        self.platform = LocalPlatform(
+            VLLMLauncher(model, self.logs, tokenizer=self.spec.model.tokenizer, extra_args=inf.engine_args,
+                         env={e.name: e.value for e in inf.env}),
+            on_spawn=self.children.note,
+        )
+        self.controller = InferenceController(
+            self.job, inf, self.platform, lambda endpoint: make_engine_client(engine, endpoint),
+            audit=AuditLog(self.logs, self.job), on_event=lambda e: self.progress.event(e),
+            serve_initial_weights=True, poll_seconds=2.0,
+        )
+        self.progress = Progress(self.prepared.steps, self.controller.engine_statuses)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self._on_signal, sig.name)
+        if self.prepared.model_built:
+            self.progress.write(f"built the tiny model in {model}")
+        ctrl_stop = asyncio.Event()
+        ctrl_task = asyncio.create_task(self.controller.run(ctrl_stop), name="controller")
+        api = LocalControlAPI(self.controller, self.job, LOCAL_NAMESPACE, self.out / "controller.token")
+        executor: ExecutorProcess | None = None
+        stream: Any = None
+        watchdog = asyncio.create_task(self._watch(), name="watchdog")
+        try:
+            url = await api.start()
+            executor = ExecutorProcess(self.job, resolved, url, api.token_file, self.out)
+            self.children.note("executor", executor.start())
+            self.progress.status("starting engines, Ray and the executor")
+            ready = await self._until_stopped(executor.wait_ready(self.opts.executor_ready_timeout))
+            self.timings["executor_ready_seconds"] = time.monotonic() - self.started
+            self.children.snapshot()
+            stream = await self._until_stopped(asyncio.to_thread(self._connect, ready["ray_address"]))
+            from rljob_client.trainer.policy import PolicyTrainer
+
+            ref = self.spec.trainer.reference
+            policy = await asyncio.to_thread(PolicyTrainer, model, ref.learning_rate, ref.algorithm)
+            config = LoopConfig.from_spec(self.spec, steps=self.prepared.steps, sync_dir=self.out / "weights",
+                                          holder="local-trainer")
+            training = TrainingLoop(
+                config, LocalControllerClient(self.controller, holder="local-trainer"),
+                ThreadedRolloutStream(stream), policy, lambda endpoint: make_engine_client(engine, endpoint),
+                on_step=self._on_step, on_status=self.progress.status,
+            )
+            await self._until_stopped(self._first_sync_timed(training))
+            await self._until_stopped(training.run(self.stop, start_step=0, initial_sync=False))
+            return self._exit_code()
+        except _Stopped:
+            return self._exit_code()
+        except RunFailed as exc:
+            self.failure = str(exc)
+            return EXIT_FAILED
+        except Exception as exc:
+            log.exception("local run failed")
+            self.failure = f"{type(exc).__name__}: {exc}"
+            return EXIT_FAILED
+        finally:
+            watchdog.cancel()
+            self.progress.status("shutting down")
+            await self._shutdown(executor, stream, api, ctrl_stop, ctrl_task)
+
+    async def _first_sync_timed(self, training: TrainingLoop) -> None:
+        self.progress.status("waiting for the engine to serve (vLLM CPU start takes a minute or two)")
+        started = time.monotonic()
+        await training.sync_weights(0)
+        self.timings["initial_weight_sync_seconds"] = time.monotonic() - started
+        self.timings["fleet_ready_seconds"] = time.monotonic() - self.started
+
+    def _connect(self, ray_address: str) -> Any:
+        from rljob_client.rollout_stream import RolloutStream
+
+        return RolloutStream(self.job, address=ray_address).connect()
+
+    def _on_step(self, record: StepRecord) -> None:
+        self.records.append(record)
+        self.progress.step(record)
+        self.children.snapshot()
+
+    def _exit_code(self) -> int:
+        if self.failure:
+            return EXIT_FAILED
+        return EXIT_INTERRUPTED if self.interrupted else EXIT_OK
+
+    async def _until_stopped(self, aw: Any) -> Any:
+        """Await `aw` unless a stop (signal, watchdog) comes first; then cancel it and raise _Stopped."""
+        task = asyncio.ensure_future(aw)
+        stopper = asyncio.ensure_future(self.stop.wait())
+        try:
+            done, _ = await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopper.cancel()
+        if task in done:
+            return task.result()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+        if self.failure:
+            raise RunFailed(self.failure)
+        raise _Stopped
+
+    async def _watch(self) -> None:
+        """Stop the run when every engine cell spent its restart budget, or the executor died."""
+        while not self.stop.is_set():
+            await asyncio.sleep(2.0)
+            statuses = self.controller.engine_statuses()
+            if statuses and all(s.state == CellState.Failed for s in statuses):
+                logs = ", ".join(str(self.logs / f"{s.name}-g{s.generation}.log") for s in statuses)
+                self.failure = (f"every engine cell failed and spent its restart budget "
+                                f"({statuses[0].message}); see {logs}")
+                self.stop.set()
+
+    async def _shutdown(self, executor: ExecutorProcess | None, stream: Any, api: LocalControlAPI,
+                        ctrl_stop: asyncio.Event, ctrl_task: asyncio.Task[None]) -> None:
+        self.children.snapshot()
+        if stream is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.to_thread(stream.close), 20)
+        if executor is not None:
+            await asyncio.to_thread(executor.stop)
+        ctrl_stop.set()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(ctrl_task, 30)
+        await api.close()
+        with contextlib.suppress(Exception):
+            await self.controller.close()
+        restarts = int(self.controller.status_patch().get("restartsTotal") or 0)
+        spawned = self.platform.spawned
+        await self.platform.close()
+        left = await asyncio.to_thread(self.children.sweep)
+        self.progress.close()
+        self._write_report(restarts, spawned, left)
+
+    def _write_report(self, restarts: int, spawned: int, left: list[dict[str, Any]]) -> None:
+        self.timings["total_seconds"] = time.monotonic() - self.started
+        summary = report.summarize(
+            self.records,
+            job=self.job,
+            manifest=str(self.opts.manifest),
+            requested_steps=self.prepared.steps,
+            completed=len(self.records) == self.prepared.steps and not self.failure and not self.interrupted,
+            interrupted=self.interrupted,
+            failure=self.failure,
+            engine_restarts=restarts,
+            engine_processes_started=spawned,
+            engine_cells=self.spec.inference.replicas,
+            run_timings=self.timings,
+            processes_left=left,
+        )
+        path = report.write_summary(self.out, summary)
+        if self.records:
+            report.plot_rewards(self.out, self.records, f"{self.job}: mean reward per step")
+        first, last = summary["first5_mean_reward"], summary["last5_mean_reward"]
+        if first is not None:
+            print(f"mean reward: first {min(5, len(self.records))} steps {first:.3f}, "
+                  f"last {min(5, len(self.records))} steps {last:.3f}", file=sys.stderr)
+        if self.failure:
+            print(f"rljob run failed: {self.failure}", file=sys.stderr)
+        if left:
+            print(f"warning: {len(left)} child processes survived SIGKILL: {[r['pid'] for r in left]}", file=sys.stderr)
+        print(f"summary: {path}" + (f"\nreward curve: {self.out / report.CURVE}" if self.records else ""),
+              file=sys.stderr)
+
+
+class _Stopped(Exception):
+    """Internal: a stop was requested while waiting."""
+
+
+def run(opts: RunOptions) -> int:
+    """Entry of `rljob run`; returns the exit code."""
+    try:
+        prepared = prepare(opts)
+    except (ManifestError, LocalModeError) as exc:
+        print(f"rljob run: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    opts.out.mkdir(parents=True, exist_ok=True)
+    loop = asyncio.new_event_loop()
+    try:
+        # Not asyncio.run: it joins the default executor's threads at the end, and a thread
+        # blocked in a Ray call on a cluster that is gone would hold the exit forever.
+        return loop.run_until_complete(LocalRun(opts, prepared).run())
+    finally:
+        loop.close()
