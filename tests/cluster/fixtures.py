@@ -1,0 +1,224 @@
+"""pytest plugin for the test cluster (loaded by tests/conftest.py).
+
+Fixtures:
+  cluster    (session) a `Cluster`: reuses a running test cluster (kubeconfig exists and
+             `kubectl version` answers, agent running), otherwise runs tests/cluster/up once
+             per session, before the first test (so a cold build is not cut by per-test
+             timeouts). If the binaries cannot be built (no Go toolchain, build error) the
+             tests skip with the reason; under CI=true they fail instead.
+  namespace  (function) a fresh namespace with its default ServiceAccount, deleted afterwards.
+
+Tests that use `cluster` get the `cluster` marker automatically.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+REPO_ROOT = HERE.parents[1]
+T = TypeVar("T")
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("RLJOB_TESTCLUSTER_CACHE", str(Path.home() / ".cache/rljob-testcluster")))
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+class WaitTimeout(AssertionError):
+    pass
+
+
+def wait_for(fn: Callable[[], T], timeout: float = 60.0, interval: float = 0.2, what: str = "") -> T:
+    """Poll fn() until it returns a truthy value (returned) or the deadline passes.
+
+    Exceptions raised by fn count as "not yet"; the last one is reported on timeout.
+    """
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        try:
+            value = fn()
+            if value:
+                return value
+            last = value
+        except Exception as exc:
+            last = exc
+        if time.monotonic() >= deadline:
+            raise WaitTimeout(f"timed out after {timeout:.0f}s waiting for {what or fn!r}; last: {last!r}")
+        time.sleep(interval)
+
+
+@dataclass
+class Cluster:
+    kubeconfig: Path
+    bin_dir: Path
+    cache: Path
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["KUBECONFIG"] = str(self.kubeconfig)
+        helm_home = self.cache / "helm"
+        env.setdefault("HELM_CACHE_HOME", str(helm_home / "cache"))
+        env.setdefault("HELM_CONFIG_HOME", str(helm_home / "config"))
+        env.setdefault("HELM_DATA_HOME", str(helm_home / "data"))
+        return env
+
+    def _run(self, argv: list[str], check: bool, input: str | None, timeout: float) -> subprocess.CompletedProcess:
+        res = subprocess.run(argv, input=input, capture_output=True, text=True, env=self._env(),
+                             cwd=REPO_ROOT, timeout=timeout)
+        if check and res.returncode != 0:
+            raise AssertionError(f"{' '.join(argv)} -> exit {res.returncode}\nstdout: {res.stdout}\n"
+                                 f"stderr: {res.stderr}")
+        return res
+
+    def kubectl(self, *args: str, check: bool = True, input: str | None = None,
+                timeout: float = 120) -> subprocess.CompletedProcess:
+        argv = [str(self.bin_dir / "kubectl"), "--kubeconfig", str(self.kubeconfig), *args]
+        return self._run(argv, check, input, timeout)
+
+    def helm(self, *args: str, check: bool = True, input: str | None = None,
+             timeout: float = 300) -> subprocess.CompletedProcess:
+        argv = [str(self.bin_dir / "helm"), "--kubeconfig", str(self.kubeconfig), *args]
+        return self._run(argv, check, input, timeout)
+
+    def api(self):
+        from kubernetes import config
+
+        return config.new_client_from_config(config_file=str(self.kubeconfig))
+
+    wait_for = staticmethod(wait_for)
+
+    def wait_pod(self, namespace: str, name: str, pred: Callable[[Any], bool], timeout: float = 60.0,
+                 what: str = ""):
+        """Poll the pod until pred(pod) is true; returns the pod (kubernetes V1Pod)."""
+        from kubernetes import client
+
+        core = client.CoreV1Api(self.api())
+
+        def check():
+            pod = core.read_namespaced_pod(name, namespace)
+            return pod if pred(pod) else None
+
+        return wait_for(check, timeout=timeout, what=what or f"pod {namespace}/{name}")
+
+    def wait_pod_phase(self, namespace: str, name: str, phase: str, timeout: float = 60.0):
+        return self.wait_pod(namespace, name, lambda p: p.status.phase == phase, timeout,
+                             what=f"pod {namespace}/{name} phase {phase}")
+
+
+def _cluster_alive(cache: Path, bin_dir: Path | None) -> bool:
+    kcfg = cache / "kubeconfig"
+    if bin_dir is None or not kcfg.is_file():
+        return False
+    try:
+        res = subprocess.run([str(bin_dir / "kubectl"), "--kubeconfig", str(kcfg), "version",
+                              "--request-timeout=5s"], capture_output=True, timeout=15)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return res.returncode == 0
+
+
+def _agent_alive(cache: Path) -> bool:
+    try:
+        pid = int((cache / "agent.pid").read_text().strip())
+        return b"agent.py" in Path(f"/proc/{pid}/cmdline").read_bytes() and (cache / "agent.ready").exists()
+    except (OSError, ValueError):
+        return False
+
+
+def _bin_dir() -> Path | None:
+    res = subprocess.run([str(HERE / "build"), "--print"], capture_output=True, text=True,
+                         env={**os.environ, "RLJOB_TESTCLUSTER_CACHE": str(cache_dir())})
+    return Path(res.stdout.strip()) if res.returncode == 0 else None
+
+
+# Outcome of bringing the cluster up: ("ok", Cluster) | ("skip", reason) | ("error", reason)
+_STATE: dict[str, Any] = {}
+
+
+def _ensure_cluster(config: pytest.Config) -> None:
+    if _STATE:
+        return
+    cache = cache_dir()
+    bin_dir = _bin_dir()
+    if bin_dir is not None and _cluster_alive(cache, bin_dir) and _agent_alive(cache):
+        _STATE["result"] = ("ok", Cluster(cache / "kubeconfig", bin_dir, cache))
+        return
+    tr = config.pluginmanager.get_plugin("terminalreporter")
+    if bin_dir is None:
+        if shutil.which("go") is None:
+            _STATE["result"] = ("skip", "test cluster binaries are not built and no Go toolchain is on "
+                                        "PATH to build them (tests/cluster/build)")
+            return
+        if tr:
+            tr.write_line("test cluster: building binaries (tests/cluster/build; cold build takes "
+                          "tens of minutes on 2 cores, log in <cache>/build.log)")
+        cache.mkdir(parents=True, exist_ok=True)
+        with open(cache / "build.log", "ab") as logf:
+            res = subprocess.run([str(HERE / "build")], stdout=logf, stderr=subprocess.STDOUT)
+        bin_dir = _bin_dir()
+        if res.returncode != 0 or bin_dir is None:
+            tail = (cache / "build.log").read_text(errors="replace")[-2000:]
+            _STATE["result"] = ("skip", f"cannot build the test cluster binaries (exit {res.returncode}):\n{tail}")
+            return
+    if tr:
+        tr.write_line("test cluster: running tests/cluster/up")
+    res = subprocess.run([str(HERE / "up")], capture_output=True, text=True)
+    if res.returncode != 0:
+        _STATE["result"] = ("error", f"tests/cluster/up failed (exit {res.returncode}):\n{res.stderr[-3000:]}")
+        return
+    _STATE["result"] = ("ok", Cluster(cache / "kubeconfig", bin_dir, cache))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if "cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.cluster)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if any(item.get_closest_marker("cluster") for item in session.items) and not session.config.option.collectonly:
+        _ensure_cluster(session.config)
+
+
+@pytest.fixture(scope="session")
+def cluster(pytestconfig: pytest.Config) -> Cluster:
+    _ensure_cluster(pytestconfig)
+    kind, value = _STATE["result"]
+    if kind == "ok":
+        return value
+    if kind == "skip" and not in_ci():
+        pytest.skip(value)
+    pytest.fail(value, pytrace=False)
+
+
+def _ns_name(nodeid: str) -> str:
+    base = re.sub(r"[^a-z0-9-]+", "-", nodeid.rsplit("::", 1)[-1].lower()).strip("-")
+    return f"t-{base[:40].strip('-')}-{uuid.uuid4().hex[:6]}"
+
+
+@pytest.fixture
+def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    name = _ns_name(request.node.nodeid)
+    cluster.kubectl("create", "namespace", name)
+    cluster.wait_for(lambda: cluster.kubectl("-n", name, "get", "serviceaccount", "default", check=False)
+                     .returncode == 0, timeout=60, what=f"default serviceaccount in {name}")
+    try:
+        yield name
+    finally:
+        cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
