@@ -68,6 +68,12 @@ class Cluster:
     kubeconfig: Path
     bin_dir: Path
     cache: Path
+    name: str = os.environ.get("RLJOB_TESTCLUSTER_NAME", "rljob-test")
+
+    @property
+    def component_dir(self) -> Path:
+        """Where kwokctl put the control-plane binaries it runs (argv[0] of those processes)."""
+        return self.cache / "kwok" / "clusters" / self.name / "bin"
 
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -95,6 +101,17 @@ class Cluster:
              timeout: float = 300) -> subprocess.CompletedProcess:
         argv = [str(self.bin_dir / "helm"), "--kubeconfig", str(self.kubeconfig), *args]
         return self._run(argv, check, input, timeout)
+
+    def up(self) -> subprocess.CompletedProcess:
+        """Run tests/cluster/up for this cluster (idempotent: restarts a dead agent)."""
+        env = {**os.environ, "RLJOB_TESTCLUSTER_CACHE": str(self.cache), "RLJOB_TESTCLUSTER_NAME": self.name}
+        res = subprocess.run([str(HERE / "up")], capture_output=True, text=True, env=env, timeout=600)
+        if res.returncode != 0:
+            raise AssertionError(f"tests/cluster/up failed: {res.stderr[-3000:]}")
+        return res
+
+    def agent_pid(self) -> int:
+        return int((self.cache / "agent.pid").read_text())
 
     def api(self):
         from kubernetes import config

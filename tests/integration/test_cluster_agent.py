@@ -146,3 +146,34 @@ def test_fail_annotation_makes_a_running_pod_fail(cluster, namespace):
         "testcluster.rljob.io/fail": "true", "testcluster.rljob.io/fail-exit-code": "7"}}})
     pod = cluster.wait_pod_phase(namespace, "victim", "Failed", timeout=30)
     assert pod.status.container_statuses[0].state.terminated.exit_code == 7
+
+
+def test_agent_restart_adopts_live_processes_and_fails_lost_ones(cluster, namespace):
+    core = client.CoreV1Api(cluster.api())
+    for name in ("kept", "lost"):
+        core.create_namespaced_pod(namespace, process_pod(name, ["sleep", "600"]))
+    pids = {}
+    for name in ("kept", "lost"):
+        pod = cluster.wait_pod(namespace, name, lambda p: PID in (p.metadata.annotations or {}),
+                               timeout=60, what=f"the agent to start {name}")
+        pids[name] = int(pod.metadata.annotations[PID])
+
+    agent = cluster.agent_pid()
+    os.kill(agent, signal.SIGKILL)  # a crash: its processes must live on
+    cluster.wait_for(lambda: not pid_alive(agent), timeout=10, what="the agent to die")
+    os.kill(pids["lost"], signal.SIGKILL)  # dies while no agent watches
+    assert pid_alive(pids["kept"])
+
+    cluster.up()  # starts a new agent
+    assert cluster.agent_pid() != agent
+    pod = cluster.wait_pod_phase(namespace, "lost", "Failed", timeout=30)
+    term = pod.status.container_statuses[0].state.terminated
+    assert term.reason == "ProcessExited" and term.exit_code == 255
+    assert "not running" in term.message
+    # The live one was adopted, not restarted: same pid, still Running ...
+    pod = core.read_namespaced_pod("kept", namespace)
+    assert pod.status.phase == "Running" and pod.metadata.annotations[PID] == str(pids["kept"])
+    # ... and watched: when it dies the new agent reports it.
+    os.kill(pids["kept"], signal.SIGTERM)
+    pod = cluster.wait_pod_phase(namespace, "kept", "Failed", timeout=30)
+    assert pod.status.container_statuses[0].state.terminated.reason == "ProcessExited"
