@@ -71,6 +71,16 @@ def kopf_settings(s: OperatorSettings) -> kopf.OperatorSettings:
     return ks
 
 
+@kopf.on.login(id="credentials")
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """The pod's ServiceAccount in a cluster, else $KUBECONFIG (main sets it from --kubeconfig).
+
+    kopf's default login goes through the kubernetes client, which reads $KUBECONFIG once at
+    import time, before `--kubeconfig` is known; kopf's own readers look at call time.
+    """
+    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+
+
 @kopf.daemon(GROUP, VERSION, PLURAL, id="rljob", cancellation_timeout=30.0, backoff=5.0)
 async def run_rljob(body: kopf.Body, stopped: kopf.DaemonStopped, memo: Any, **_: Any) -> None:
     """The per-job loop: children, suspension, engines (InferenceController), status."""

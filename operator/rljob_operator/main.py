@@ -173,6 +173,9 @@ async def run_operator(s: OperatorSettings) -> int:
             if lost.is_set():
                 log.error("lost the leader Lease: stopping kopf and exiting", extra={"identity": s.identity})
                 exit_code = EXIT_LOST_LEADERSHIP
+            elif kopf_task.done() and not kopf_task.cancelled() and kopf_task.exception() is not None:
+                log.error("kopf stopped with an error: %r", kopf_task.exception())
+                exit_code = EXIT_LOST_LEADERSHIP
             kopf_stop.set()
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await asyncio.wait_for(kopf_task, timeout=60)
