@@ -202,6 +202,7 @@ def _ensure_cluster(config: pytest.Config) -> None:
     _STATE["result"] = ("ok", Cluster(cache / "kubeconfig", bin_dir, cache))
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if "cluster" in getattr(item, "fixturenames", ()):

@@ -179,5 +179,6 @@ def test_kubectl_get_describe_and_versions(cluster):
     assert "127.10.0.0/24" in desc
     helm = cluster.helm("version", "--short").stdout.strip()
     assert helm.startswith("v3.22.0"), helm
+    cluster.helm("list", "--all-namespaces")  # helm reaches the API server
     etcd = subprocess.run([str(cluster.bin_dir / "etcd"), "--version"], capture_output=True, text=True, check=True)
     assert "etcd Version: 3.6.16" in etcd.stdout
