@@ -33,6 +33,8 @@ def main(argv: list[str] | None = None) -> int:
         return status(args.name, args.namespace, args.kubeconfig)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not args.verbose:  # controller events are shown by the progress display already
+        logging.getLogger("controller_runtime").setLevel(logging.ERROR)
     from rljob_cli.run import RunOptions, run
 
     out = args.out or Path("rljob-runs") / args.manifest.stem

@@ -340,7 +340,8 @@ class LocalRun:
             completed=len(self.records) == self.prepared.steps and not self.failure and not self.interrupted,
             interrupted=self.interrupted,
             failure=self.failure,
-            engine_restarts=restarts,
+            engine_restarts=max(0, spawned - self.spec.inference.replicas),  # processes started beyond the first per cell
+            engine_restarts_charged=restarts,  # those counted against spec.inference.restartPolicy.maxRestarts
             engine_processes_started=spawned,
             engine_cells=self.spec.inference.replicas,
             run_timings=self.timings,

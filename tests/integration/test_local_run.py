@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -83,17 +85,19 @@ def test_tiny_cpu_run_trains_and_leaves_nothing_running(tmp_path: Path, _: None)
     assert_no_process_left(out)
     assert "mean reward: first 4 steps" in result.stderr
 
-    # A second run in the same directory, interrupted with SIGINT (Ctrl-C) once it trained a step.
+    # A second run in the same directory: its engine is killed after the first step (the
+    # controller must replace it and training must go on), then the run gets SIGINT (Ctrl-C).
     log = tmp_path / "second.log"
     with open(log, "w") as logf:
-        proc = subprocess.Popen([*RLJOB, "run", str(EXAMPLE), "--steps", "200", "--out", str(out)],
+        proc = subprocess.Popen([*RLJOB, "run", str(EXAMPLE), "--steps", "500", "--out", str(out)],
                                 cwd=REPO, stdout=logf, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.monotonic() + RUN_TIMEOUT_S
-        while "step 1/200" not in log.read_text():
-            assert proc.poll() is None, log.read_text()[-4000:]
-            assert time.monotonic() < deadline, "no step within the deadline"
-            time.sleep(0.5)
+        wait_for_log(proc, log, lambda text: "step 1/500" in text)
+        engine = next(r for r in json.loads((out / "pids.json").read_text())["processes"]
+                      if r["what"] == "tiny-cpu-cell-0-g0")
+        os.killpg(engine["pid"], signal.SIGKILL)  # the engine crashes (API server and EngineCore)
+        killed_at = len(log.read_text())
+        wait_for_log(proc, log, lambda text: step_after_serving_again(text[killed_at:]))
         proc.send_signal(signal.SIGINT)
         code = proc.wait(timeout=180)
     finally:
@@ -102,9 +106,26 @@ def test_tiny_cpu_run_trains_and_leaves_nothing_running(tmp_path: Path, _: None)
     assert code == 130, log.read_text()[-4000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["interrupted"] == "SIGINT" and summary["completed"] is False
-    assert 1 <= summary["steps"] < 200
+    assert 2 <= summary["steps"] < 500
     assert summary["weight_versions"] == list(range(1, summary["steps"] + 1))  # this run's, not the first's
-    assert_no_process_left(out)
+    assert summary["engine_restarts"] >= 1 and summary["engine_processes_started"] >= 2
+    pids = assert_no_process_left(out)
+    assert {"tiny-cpu-cell-0-g0", "tiny-cpu-cell-0-g1"} <= {r["what"] for r in pids["processes"]}
+
+
+def step_after_serving_again(text: str) -> bool:
+    """The replaced cell serves again and a training step completed after that."""
+    at = text.find("CellServing [tiny-cpu-cell-0]")
+    return at >= 0 and "/500: reward" in text[at:]
+
+
+def wait_for_log(proc: subprocess.Popen[str], log: Path, seen: Callable[[str], bool]) -> None:
+    """Poll the run's log until `seen` holds; the run must stay alive meanwhile."""
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while not seen(log.read_text()):
+        assert proc.poll() is None, log.read_text()[-4000:]
+        assert time.monotonic() < deadline, f"not seen within {RUN_TIMEOUT_S} s:\n{log.read_text()[-4000:]}"
+        time.sleep(0.5)
 
 
 def write_variant(tmp_path: Path, edit: dict[str, Any]) -> Path:

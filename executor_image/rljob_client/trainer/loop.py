@@ -85,6 +85,7 @@ class LoopConfig:
     retry_seconds: float = 2.0
     fleet_timeout_seconds: float = 1800.0  # waiting for an engine to take weights at all
     keep_versions: int = 2
+    rejoin_check_seconds: float = 5.0  # while waiting for a rollout: does the fleet wait for weights?
 
     @classmethod
     def from_spec(cls, spec: RLJobSpec, *, steps: int | None = None, sync_dir: str | os.PathLike[str] | None = None,
@@ -192,7 +193,7 @@ class TrainingLoop:
         started = time.perf_counter()
         await self.controller.prepare_rollout(step)
         self._status(f"step {step}: waiting for rollout")
-        batch = await self.rollouts.get(step, self.config.rank, self.config.world_size)
+        batch = await self.get_batch(step)
         got = time.perf_counter()
         if self.config.offload_tags:
             await self.controller.offload(list(self.config.offload_tags))
@@ -222,6 +223,31 @@ class TrainingLoop:
             step_seconds=done - started,
             update_attempts=attempts,
         )
+
+    async def get_batch(self, step: int) -> TrainBatch:
+        """The executor's batch; meanwhile, re-push the current weights if no engine serves but some wait for weights.
+
+        A recreated cell joins serving only after a completed weight update. When every cell
+        was recreated (one-cell jobs: any engine restart), nobody generates, so the rollout
+        would wait for an update that only comes after the rollout: rank 0 breaks the cycle
+        by pushing the version it already has.
+        """
+        get = asyncio.ensure_future(self.rollouts.get(step, self.config.rank, self.config.world_size))
+        try:
+            while True:
+                done, _ = await asyncio.wait({get}, timeout=self.config.rejoin_check_seconds)
+                if done:
+                    return get.result()
+                if self.is_writer and await self.fleet_waits_for_weights():
+                    self._status(f"step {step}: no engine serving; pushing weights v{self.version} to the waiting cells")
+                    await self.push(str(self.writer.path_for(self.version)), self.version)
+        finally:
+            if not get.done():
+                get.cancel()
+
+    async def fleet_waits_for_weights(self) -> bool:
+        cells = await self.controller.cells()
+        return not cells.serving_endpoints and any(str(e.state) == "PendingWeights" for e in cells.engines)
 
     async def sync_weights(self, version: int) -> int:
         """Write `version` and push it to every engine of a window; returns the attempts it took."""

@@ -50,12 +50,13 @@ class PolicyTrainer:
     def train_step(self, batch: TrainBatch) -> StepMetrics:
         """One policy-gradient step on a whole batch (the toy's 64 samples fit in one pass)."""
         started = time.perf_counter()
-        ids = torch.from_numpy(np.asarray(batch.tokens, dtype=np.int64))
-        response_mask = torch.from_numpy(np.asarray(batch.response_mask, dtype=np.int64))
+        # np.array copies: the executor's arrays are read-only views of the object store.
+        ids = torch.from_numpy(np.array(batch.tokens, dtype=np.int64))
+        response_mask = torch.from_numpy(np.array(batch.response_mask, dtype=np.int64))
         lengths = np.asarray(batch.prompt_lengths) + np.asarray(batch.response_lengths)
         attention = torch.from_numpy((np.arange(ids.shape[1])[None, :] < lengths[:, None]).astype(np.int64))
-        rewards = torch.from_numpy(np.asarray(batch.rewards, dtype=np.float32))
-        groups = torch.from_numpy(np.asarray(batch.group_indices, dtype=np.int64))
+        rewards = torch.from_numpy(np.array(batch.rewards, dtype=np.float32))
+        groups = torch.from_numpy(np.array(batch.group_indices, dtype=np.int64))
         adv = grpo.advantages(rewards, groups, self.algorithm)
 
         logits = self.model(input_ids=ids, attention_mask=attention).logits
