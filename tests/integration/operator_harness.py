@@ -165,6 +165,8 @@ def make_rljob(
     inf["engineArgs"] = ["--dtype=bfloat16", "--max-model-len=512", "--enforce-eager"]
     inf["resources"] = {"requests": {"cpu": "1", "memory": "1Gi"}}
     env = {
+        # The agent runs the pod's `python -m vllm...` with its own PATH; make it the venv's.
+        "PATH": f"{REPO / '.venv' / 'bin'}:{os.environ.get('PATH', '/usr/bin:/bin')}",
         "PYTHONPATH": str(STANDIN_DIR),
         "RLJOB_STANDIN_CELLS": standin_cells,
         "RLJOB_CRASH_CELLS": crash_cells,
@@ -233,10 +235,11 @@ class Kube:
                                  f"involvedObject.name={job},involvedObject.kind=RLJob", "-o", "json")
         return json.loads(r.stdout)["items"]
 
-    def printer_ready(self, name: str) -> str:
-        r = self.cluster.kubectl("get", "rlj", name, "-n", self.ns, "--no-headers", "-o",
-                                 "custom-columns=READY:.status.ready,PHASE:.status.phase")
-        return r.stdout.strip()
+    def printer_columns(self, name: str) -> dict[str, str]:
+        """`kubectl get rlj NAME` as a person sees it: the CRD's printer columns by header."""
+        lines = self.cluster.kubectl("get", "rlj", name, "-n", self.ns).stdout.splitlines()
+        header, row = lines[0].split(), lines[1].split()
+        return dict(zip(header, row, strict=False))
 
     def token(self, service_account: str) -> str:
         return self.cluster.kubectl("create", "token", service_account, "-n", self.ns).stdout.strip()
