@@ -286,11 +286,16 @@ class InferenceControllerClient(_WindowMixin):
 
     @classmethod
     def from_env(cls, **kwargs: Any) -> InferenceControllerClient:
-        """RLJOB_CONTROLLER_URL, RLJOB_NAME, RLJOB_NAMESPACE as the operator injects them into trainer pods."""
+        """RLJOB_CONTROLLER_URL, RLJOB_NAME, RLJOB_NAMESPACE as the operator injects them into trainer pods.
+
+        RLJOB_CONTROLLER_TOKEN_FILE, when set, replaces the ServiceAccount token file.
+        """
         try:
             url, name = os.environ["RLJOB_CONTROLLER_URL"], os.environ["RLJOB_NAME"]
         except KeyError as exc:
             raise ControllerError(f"environment variable {exc.args[0]} is not set (the operator injects it into trainer pods)") from None
+        if os.environ.get("RLJOB_CONTROLLER_TOKEN_FILE") and "token" not in kwargs:
+            kwargs.setdefault("token_file", os.environ["RLJOB_CONTROLLER_TOKEN_FILE"])
         return cls(url, name, os.environ.get("RLJOB_NAMESPACE", "default"), **kwargs)
 
     def _headers(self) -> dict[str, str]:

@@ -17,6 +17,9 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("manifest", type=Path, help="RLJob manifest (YAML), e.g. examples/tiny-cpu.yaml")
     r.add_argument("--out", type=Path, help="output directory (default: rljob-runs/<job>)")
     r.add_argument("--steps", type=int, help="training steps (default: spec.trainer.reference.steps)")
+    r.add_argument("--trainer-process", action="store_true",
+                   help="run the trainer as `python -m rljob_client.trainer` over the HTTP controller API and Ray "
+                        "Client, exactly as in a trainer pod (default: in this process)")
     r.add_argument("-v", "--verbose", action="store_true", help="log controller and trainer details")
     s = sub.add_parser("status", help="show an RLJob's engines, weight version and lock from the cluster")
     s.add_argument("name")
@@ -38,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     from rljob_cli.run import RunOptions, run
 
     out = args.out or Path("rljob-runs") / args.manifest.stem
-    code = run(RunOptions(manifest=args.manifest, out=out, steps=args.steps, cwd=Path.cwd()))
+    code = run(RunOptions(manifest=args.manifest, out=out, steps=args.steps, cwd=Path.cwd(),
+                           trainer_process=args.trainer_process))
     sys.stdout.flush()
     sys.stderr.flush()
     if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):

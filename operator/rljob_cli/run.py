@@ -67,6 +67,7 @@ class RunOptions:
     steps: int | None = None
     cwd: Path = Path(".")
     executor_ready_timeout: float = 300.0
+    trainer_process: bool = False  # run `python -m rljob_client.trainer` over HTTP, as in a pod
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,14 @@ def prepare(opts: RunOptions) -> Prepared:
     return Prepared(manifest, job_name(manifest, opts.manifest), steps, built)
 
 
+def start_logged(argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """A child in its own session (one killpg stops it whole; Ctrl-C reaches only us), output to a log."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as logf:
+        return subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                start_new_session=True)
+
+
 class ExecutorProcess:
     """`python -m rollout_executor` in its own process group; it owns its Ray head."""
 
@@ -112,10 +121,7 @@ class ExecutorProcess:
 
     def start(self) -> int:
         self.ready_file.unlink(missing_ok=True)
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as logf:
-            self.proc = subprocess.Popen(self.argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True)
+        self.proc = start_logged(self.argv, self.log_path)
         return self.proc.pid
 
     def log_tail(self, n: int = 25) -> str:
@@ -230,6 +236,9 @@ class LocalRun:
             ready = await self._until_stopped(executor.wait_ready(self.opts.executor_ready_timeout))
             self.timings["executor_ready_seconds"] = time.monotonic() - self.started
             self.children.snapshot()
+            if self.opts.trainer_process:
+                await self._until_stopped(self._run_trainer_process(ready, api))
+                return self._exit_code()
             stream = await self._until_stopped(asyncio.to_thread(self._connect, ready["ray_address"]))
             from rljob_client.trainer.policy import PolicyTrainer
 
@@ -258,6 +267,48 @@ class LocalRun:
             watchdog.cancel()
             self.progress.status("shutting down")
             await self._shutdown(executor, stream, api, ctrl_stop, ctrl_task)
+
+    async def _run_trainer_process(self, ready: dict[str, Any], api: LocalControlAPI) -> None:
+        """The pod's trainer as a child: HTTP controller client, Ray Client to the executor.
+
+        Steps come back through its metrics file (one JSON line each) for the progress display
+        and the summary. On a stop it gets SIGTERM and ends after the step in progress.
+        """
+        ref = self.spec.trainer.reference
+        metrics = self.out / "trainer-steps.jsonl"
+        metrics.unlink(missing_ok=True)
+        env = dict(os.environ, RLJOB_CONTROLLER_URL=api.url, RLJOB_NAME=self.job, RLJOB_NAMESPACE=LOCAL_NAMESPACE,
+                   RLJOB_CONTROLLER_TOKEN_FILE=str(api.token_file), RLJOB_ROLLOUT_ADDRESS=ready["client_address"],
+                   RANK="0", WORLD_SIZE="1", POD_NAME="trainer-0", RLJOB_WEIGHT_UPDATE_METHOD="disk")
+        argv = [sys.executable, "-m", "rljob_client.trainer", "--model", str(self.spec.model.path),
+                "--steps", str(self.prepared.steps), "--learning-rate", repr(ref.learning_rate),
+                "--algorithm", ref.algorithm, "--weights-dir", str(self.out / "weights"),
+                "--engine", str(self.spec.inference.engine),
+                "--pause-mode", str(self.spec.inference.weight_update.pause_mode), "--metrics-file", str(metrics)]
+        log_path = self.logs / "trainer.log"
+        proc = start_logged(argv, log_path, env)
+        self.children.note("trainer", proc.pid)
+        self.progress.status("trainer process started (python -m rljob_client.trainer)")
+        seen = 0
+        try:
+            while True:
+                lines = metrics.read_text().splitlines() if metrics.exists() else []
+                for line in lines[seen:]:
+                    self._on_step(StepRecord(**json.loads(line)))
+                seen = len(lines)
+                if proc.poll() is not None:
+                    break
+                await asyncio.sleep(0.5)
+            if proc.returncode != 0:
+                tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-25:])
+                raise RunFailed(f"the trainer exited with code {proc.returncode} (log: {log_path}):\n{tail}")
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    await asyncio.to_thread(proc.wait, 60)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
 
     async def _first_sync_timed(self, training: TrainingLoop) -> None:
         self.progress.status("waiting for the engine to serve (vLLM CPU start takes a minute or two)")

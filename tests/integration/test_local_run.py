@@ -128,6 +128,23 @@ def wait_for_log(proc: subprocess.Popen[str], log: Path, seen: Callable[[str], b
         time.sleep(0.5)
 
 
+@pytest.mark.parametrize("_", [pytest.param(None, marks=needs_engine)])
+def test_the_pod_trainer_runs_over_the_http_controller_api_and_ray_client(tmp_path: Path, _: None) -> None:
+    """`--trainer-process`: `python -m rljob_client.trainer` with a trainer pod's environment."""
+    out = tmp_path / "run"
+    result = rljob("run", str(EXAMPLE), "--steps", "2", "--trainer-process", "--out", str(out))
+    assert result.returncode == 0, result.stderr[-4000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["completed"] is True and summary["weight_versions"] == [1, 2]
+    trainer_log = (out / "logs" / "trainer.log").read_text()
+    assert "weights v2: pushing to 1 engines" in trainer_log
+    pids = assert_no_process_left(out)
+    assert "trainer" in {r["what"] for r in pids["processes"]}
+    audit = [json.loads(line) for line in (out / "logs" / "inference_controller.jsonl").read_text().splitlines()]
+    assert any(r.get("type") == "weights_updated" and r.get("holder") == "trainer-0" for r in audit), \
+        "the windows were opened over HTTP by the trainer process"
+
+
 def write_variant(tmp_path: Path, edit: dict[str, Any]) -> Path:
     data = yaml.safe_load(EXAMPLE.read_text())
     for dotted, value in edit.items():

@@ -3,7 +3,8 @@
 The operator starts it with `--model --steps --learning-rate --algorithm --save-every` and the
 environment of a trainer pod: RLJOB_CONTROLLER_URL, RLJOB_NAME, RLJOB_NAMESPACE,
 RLJOB_ROLLOUT_ADDRESS (Ray Client address of the executor), RLJOB_WEIGHTS_DIR (shared
-storage for `disk` weight sync), RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT. Ranks average
+storage for `disk` weight sync), RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT; optionally
+RLJOB_CONTROLLER_TOKEN_FILE (else the pod's ServiceAccount token). Ranks average
 gradients over gloo; rank 0 writes weights and drives the update window. A restarted trainer
 resumes from the controller's weight version if the weights dir still holds it (the
 optimizer state starts afresh).
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -22,7 +24,7 @@ from pathlib import Path
 from controller_runtime.api.spec import Engine, MemoryTag, PauseMode
 from controller_runtime.clients.factory import make_engine_client
 from rljob_client.controller_client import InferenceControllerClient, default_holder
-from rljob_client.trainer.loop import LoopConfig, ThreadedRolloutStream, TrainingLoop
+from rljob_client.trainer.loop import LoopConfig, StepRecord, ThreadedRolloutStream, TrainingLoop
 from rljob_client.trainer.weights import DiskWeightWriter
 
 log = logging.getLogger("rljob_client.trainer")
@@ -42,6 +44,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--offload-tags", default=env("RLJOB_OFFLOAD_TAGS", ""),
                    help="comma-separated tags to offload around training (colocated mode); empty: no offload")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--metrics-file", default=env("RLJOB_METRICS_FILE"),
+                   help="append one JSON line per step (rewards, versions, timings) to this file")
     args = p.parse_args(argv)
     if not args.model:
         p.error("--model (or RLJOB_MODEL_PATH) is required")
@@ -87,11 +91,18 @@ async def train(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    metrics = Path(args.metrics_file) if args.metrics_file else None
+
+    def on_step(r: StepRecord) -> None:
+        log.info("step %d reward %.3f loss %.4f v%d (%.2f s)", r.step, r.reward_mean, r.loss, r.weight_version,
+                 r.step_seconds)
+        if metrics is not None:
+            with metrics.open("a") as f:
+                f.write(json.dumps(r.to_dict()) + "\n")
+
     training = TrainingLoop(
         config, controller, ThreadedRolloutStream(stream), policy,
-        lambda endpoint: make_engine_client(config.engine, endpoint), writer=writer,
-        on_step=lambda r: log.info("step %d reward %.3f loss %.4f v%d (%.2f s)", r.step, r.reward_mean, r.loss,
-                                   r.weight_version, r.step_seconds),
+        lambda endpoint: make_engine_client(config.engine, endpoint), writer=writer, on_step=on_step,
     )
     try:
         await training.run(stop, start_step=start_step)
