@@ -224,8 +224,10 @@ def test_operator_restart_mid_window_keeps_lock_and_cells(kube, operator):
     assert op.stop(signal.SIGKILL) == -signal.SIGKILL  # a crash: no lease release, no cleanup
     op2 = operator("op-b")
     wait_for(op2.is_leader, 30, what="new operator leads after the lease expired")
-    code, body, _ = call(op2.api, kube.ns, "restart", "cells", token=trainer)
-    assert code == 200 and body["lock"]["holder"] == "trainer-0"
+    # Until its daemon has restored the job, the new leader answers 503 + Retry-After: retry.
+    code, body, _ = wait_for(lambda: (r := call(op2.api, kube.ns, "restart", "cells", token=trainer))[0] == 200 and r,
+                             30, what="controller restored on op-b")
+    assert body["lock"]["holder"] == "trainer-0" and body["lock"]["snapshot"] == window["snapshot"]
     assert sorted(p["metadata"]["name"] for p in kube.engine_pods("restart")) == pods_before  # no duplicates
     code, body, _ = call(op2.api, kube.ns, "restart", "end_update_weights",
                          {"snapshot": window["snapshot"], "weightVersion": "5"}, trainer)
