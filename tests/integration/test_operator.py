@@ -292,6 +292,7 @@ def test_delete_cleans_up_every_child(kube, operator):
 
 
 def test_job_succeeds_with_its_trainer_and_is_deleted_after_its_ttl(kube, operator):
+    kube.cluster.kubectl("create", "serviceaccount", "rljob-trainer", "-n", kube.ns)  # the example's trainer SA
     kube.apply(make_rljob("ttl", replicas=1, trainer_job=True, ttl_after_finished=5))
     operator()
     wait_for(lambda: kube.status("ttl").get("phase") == "Succeeded", 120, what="Succeeded when the trainer Job completes")
