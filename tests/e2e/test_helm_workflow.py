@@ -44,6 +44,7 @@ def test_helm_install_starts_two_replicas_and_exactly_one_leads(operator: Operat
     assert f"NAME: {operator.name}" in operator.install_output
     assert "STATUS: deployed" in operator.install_output
     assert "namespace scope, 2 replicas with leader election" in operator.install_output
+    assert "kubectl apply --server-side --force-conflicts -f crds/rljob.yaml" in operator.install_output
 
     pods = wait_for(lambda: operator.running_pods(2), timeout=120, what="2 Running operator pods with processes")
     for pod in pods:  # each pod is a real local process, started with the chart's command line
