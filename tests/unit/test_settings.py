@@ -38,3 +38,17 @@ def test_chart_arguments_parse():
 def test_renew_deadline_must_be_shorter_than_lease():
     with pytest.raises(ValidationError, match="renew deadline"):
         load_settings(["-n", "a", "--lease-duration=5", "--renew-deadline=5"], env={})
+
+
+def test_kopf_settings_bound_watches_and_keep_kopf_state_out_of_status():
+    import kopf
+    from rljob_operator.handlers import FINALIZER, kopf_settings
+
+    ks = kopf_settings(load_settings(["-n", "a", "--watch-server-timeout", "120", "--watch-client-timeout", "150"], env={}))
+    assert (ks.watching.server_timeout, ks.watching.client_timeout) == (120, 150.0)
+    assert isinstance(ks.watching.server_timeout, int)  # the API server refuses "120.0"
+    assert ks.watching.connect_timeout and ks.networking.request_timeout
+    assert ks.persistence.finalizer == FINALIZER == "rljob.io/operator"
+    assert isinstance(ks.persistence.progress_storage, kopf.AnnotationsProgressStorage)
+    assert isinstance(ks.persistence.diffbase_storage, kopf.AnnotationsDiffBaseStorage)
+    assert ks.peering.standalone
