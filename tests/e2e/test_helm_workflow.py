@@ -57,12 +57,15 @@ def test_helm_install_starts_two_replicas_and_exactly_one_leads(operator: Operat
     lease = operator.kubectl("get", "lease", LEASE_NAME).stdout
     assert leader["metadata"]["name"] in lease and standby["metadata"]["name"] not in lease
 
-    # The standby answers the controller API with 503 + Retry-After, naming the leader ...
-    status, headers, body = wait_for(lambda: (r := http_get(control_url(standby, operator.namespace)))[0] == 503 and r,
-                                     timeout=30, what="standby answering 503")
+    # The standby answers the controller API with 503 + Retry-After, naming the leader once it
+    # has read the Lease (it polls it every retry period) ...
+    leader_name = leader["metadata"]["name"]
+    status, headers, body = wait_for(
+        lambda: (r := http_get(control_url(standby, operator.namespace)))[0] == 503 and leader_name in r[2] and r,
+        timeout=30, what=f"standby answering 503 naming {leader_name}")
     assert headers.get("Retry-After") == "2"
     assert json.loads(body)["reason"] == "NotLeader"
-    assert leader["metadata"]["name"] in json.loads(body)["error"]
+    assert json.loads(body)["error"] == f"this operator replica is a standby (leader: {leader_name}); retry"
     # ... the leader gets past leadership to authentication: no token, 401.
     status, _, body = http_get(control_url(leader, operator.namespace))
     assert status == 401, body
