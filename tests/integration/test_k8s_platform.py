@@ -8,9 +8,14 @@ EndpointSlices and garbage collection, and the real KubeRay CRD validates RayClu
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import ipaddress
 import json
+import os
+import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -37,6 +42,10 @@ T = TypeVar("T")
 pytestmark = pytest.mark.cluster
 
 
+class Fatal(Exception):
+    """Raised inside a polled function: stop polling, the state can no longer become right."""
+
+
 async def eventually(fn: Callable[[], Awaitable[T]], what: str, within: float = 90.0) -> T:
     """Poll the async fn until it returns something truthy (returned) or the deadline passes."""
     deadline = time.monotonic() + within
@@ -46,6 +55,8 @@ async def eventually(fn: Callable[[], Awaitable[T]], what: str, within: float = 
             last = await fn()
             if last:
                 return last
+        except Fatal:
+            raise
         except Exception as e:  # not there yet
             last = e
         if time.monotonic() > deadline:
@@ -254,3 +265,76 @@ async def test_owned_objects_apply_validate_and_are_garbage_collected(cluster, n
         return True
 
     await eventually(all_collected, "garbage collection of everything the RLJob owned", within=120)
+
+
+def _http(url: str, body: dict[str, Any] | None = None, timeout: float = 10.0) -> tuple[int, bytes]:
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(
+        url, data=data, headers={"Content-Type": "application/json"} if data else {}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM (CPU build) is not installed")
+async def test_cpu_engine_pod_runs_a_real_vllm_server(cluster, namespace, rljob_crd, tiny_model_dir) -> None:
+    """The engine command as built runs: the process agent starts it behind the pod's loopback IP."""
+    api = cluster.api()
+    req = KubeRequests(api)
+    manifest = rljob_manifest("cpu", namespace)
+    manifest["spec"]["model"] = {"path": str(tiny_model_dir)}
+    manifest["spec"]["inference"] = {
+        "engine": "vllm",
+        "replicas": 1,
+        "gpusPerEngine": 0,
+        "engineArgs": ["--dtype", "bfloat16", "--max-model-len", "512", "--enforce-eager"],
+        "env": [
+            {"name": "VLLM_CPU_KVCACHE_SPACE", "value": "1"},
+            {"name": "HF_HUB_OFFLINE", "value": "1"},
+            {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
+            # The pod's "image": `python` must be the venv's, whatever PATH the agent inherited.
+            {"name": "PATH", "value": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"},
+        ],
+        "podMetadata": {"labels": {"testcluster.rljob.io/run": "process"}},
+    }
+    job = await create_rljob(req, manifest)
+    platform = KubernetesPlatform(req, namespace, job)
+    await platform.create_cell(CellRequest(name="cpu-cell-0", index=0, generation=1))
+
+    async def endpoint() -> str | None:
+        (cell,) = await platform.observe_cells()
+        if cell.any_failed:
+            raise Fatal(f"engine pod failed: {cell.pods}")
+        return cell.endpoint
+
+    url = await eventually(endpoint, "cell endpoint")
+    assert is_loopback(url.split("//")[1].split(":")[0])
+
+    async def healthy() -> bool:
+        (cell,) = await platform.observe_cells()
+        if cell.any_failed:  # the process died: the agent failed the pod
+            raise Fatal(f"engine pod failed: {cell.pods}")
+        status, _ = await asyncio.to_thread(_http, f"{url}/health", None, 5.0)
+        return status == 200
+
+    await eventually(healthy, f"vLLM /health at {url}", within=360)
+    status, body = await asyncio.to_thread(
+        _http,
+        f"{url}/v1/completions",
+        {"model": str(tiny_model_dir), "prompt": [1, 2, 3], "max_tokens": 2},
+        120.0,
+    )
+    assert status == 200, body[:500]
+    assert json.loads(body)["choices"][0]["text"] is not None
+
+    await platform.delete_cell("cpu-cell-0")
+
+    async def gone() -> bool:
+        return not await platform.observe_cells() and not await list_items(
+            req, f"/api/v1/namespaces/{namespace}/pods", f"{L.JOB}=cpu"
+        )
+
+    await eventually(gone, "cell deleted and its process stopped", within=120)
