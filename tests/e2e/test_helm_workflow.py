@@ -70,6 +70,18 @@ def test_helm_install_starts_two_replicas_and_exactly_one_leads(operator: Operat
     status, _, body = http_get(control_url(leader, operator.namespace))
     assert status == 401, body
 
+    # Namespace scope: the operator's ServiceAccount acts in the watched namespace only.
+    sa = f"system:serviceaccount:{operator.namespace}:{operator.name}"
+
+    def can_i(*args: str) -> str:
+        return operator.cluster.kubectl("auth", "can-i", *args, f"--as={sa}", check=False).stdout.strip()
+
+    assert can_i("create", "pods", "-n", operator.namespace) == "yes"
+    assert can_i("patch", "rljobs.rljob.io/status", "-n", operator.namespace) == "yes"
+    assert can_i("create", "pods", "-n", "default") == "no"
+    assert can_i("list", "rljobs.rljob.io", "--all-namespaces") == "no"
+    assert can_i("create", "tokenreviews.authentication.k8s.io") == "yes"
+
     # Both are healthy (a standby is not broken) and say which they are.
     assert json.loads(http_get(metrics_url(leader, "/healthz"))[2]) == {"ok": True, "detail": "leader"}
     assert json.loads(http_get(metrics_url(standby, "/healthz"))[2]) == {"ok": True, "detail": "standby"}
