@@ -263,6 +263,11 @@ class Agent:
             else:
                 raise ValueError(f"env {e.name}: unsupported valueFrom")
         env = dict(os.environ)
+        # The agent runs with the project's venv python; put that venv first on PATH so a pod's
+        # `python`/`rljob-operator` are the project's, as they would be in its image.
+        venv_bin = str(Path(sys.executable).parent)
+        if env.get("PATH", "").split(":")[0] != venv_bin:
+            env["PATH"] = f"{venv_bin}:{env.get('PATH', '')}"
         env.update(defined)
         env[MARKER_ENV] = pod.metadata.uid
         return env
