@@ -1,0 +1,181 @@
+"""Batch streaming to a trainer: RolloutStream over Ray Client vs a direct Ray driver.
+
+    .venv/bin/python bench/rollout_stream_bench.py [--sizes-mib 1 16] [--iters 30] [--json-out FILE]
+
+One Ray head on loopback, one executor actor (the real ExecutorActor and data channel, with
+a synthetic batch of the given size in place of generation, so engines are not measured).
+Each trainer is its own process and fetches `iters` distinct rollouts (each shard put into the
+object store by the actor, as in a real run), after 3 warm-up fetches:
+
+  client_http  RolloutStream over Ray Client, shard bytes over the HTTP side channel (default)
+  client_ray   RolloutStream over Ray Client, ray.get of the ObjectRef (proxied by the client server)
+  direct       a driver on the head node: ray.get of the ObjectRef (object store, zero-copy)
+
+MiB/s counts the shard's array bytes per second of wall time, "shard in hand" (decoded
+TrainBatch). Prints one JSON object, then a one-line summary with client_http / direct.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+TRAINER = r"""
+import json, sys, time
+from rljob_client.rollout_stream import RolloutStream
+job, address, transport, iters, base = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+s = RolloutStream(job, address, transport=transport).connect()
+assert s.transport == transport, (s.transport, transport)
+for i in range(3):
+    s.get(base + i, 0, 1)
+nbytes = 0
+t0 = time.perf_counter()
+for i in range(iters):
+    b = s.get(base + 3 + i, 0, 1)
+    nbytes += b.nbytes
+dt = time.perf_counter() - t0
+print(json.dumps({"transport": transport, "seconds": dt, "batches": iters, "bytes": nbytes,
+                  "mib_per_s": nbytes / dt / 2**20, "batches_per_s": iters / dt}))
+s.close()
+"""
+
+
+def synthetic_batch(mib: float, rollout_id: int) -> Any:
+    """A TrainBatch of about `mib` MiB: 64 rows for 1 MiB, width grows with size."""
+    import numpy as np
+    from rljob_client.trainbatch import TrainBatch
+
+    rows = 64 if mib <= 4 else 256
+    width = max(16, int(mib * 2**20 / rows / 9))  # tokens int32 + mask uint8 + logprobs float32
+    rng = np.random.default_rng(rollout_id)
+    arrays = {
+        "tokens": rng.integers(0, 1000, size=(rows, width), dtype=np.int32),
+        "response_mask": np.ones((rows, width), dtype=np.uint8),
+        "logprobs": rng.standard_normal((rows, width), dtype=np.float32),
+        "prompt_lengths": np.full(rows, 8, dtype=np.int32),
+        "response_lengths": np.full(rows, width - 8, dtype=np.int32),
+        "rewards": rng.random(rows, dtype=np.float32),
+        "advantages": rng.standard_normal(rows, dtype=np.float32),
+        "weight_versions": np.zeros(rows, dtype=np.int64),
+        "prompt_indices": np.arange(rows, dtype=np.int64) // 8,
+        "group_indices": (np.arange(rows) // 8).astype(np.int32),
+        "sample_indices": (np.arange(rows) % 8).astype(np.int32),
+    }
+    return TrainBatch(arrays=arrays, rollout_id=rollout_id, n_samples_per_prompt=8)
+
+
+def make_actor_class() -> Any:
+    from rollout_executor.actor import ExecutorActor
+
+    class SyntheticExecutor:
+        """Stands in for RolloutExecutor: one prebuilt batch per size, relabelled per rollout."""
+
+        def __init__(self, mib: float) -> None:
+            self.template = synthetic_batch(mib, 0)
+            self.versions = type("V", (), {"current": 0})()
+
+        async def start(self) -> None:
+            return None
+
+        async def close(self) -> None:
+            return None
+
+        async def get(self, rollout_id: int, rank: int, world_size: int) -> Any:
+            b = self.template.shard(rank, world_size)
+            b.rollout_id = rollout_id
+            return b
+
+        def stats(self) -> dict[str, Any]:
+            return {}
+
+    class BenchActor(ExecutorActor):
+        def __init__(self, config: Any, mib: float) -> None:  # no engines, no dataset
+            import asyncio
+            import secrets
+
+            self.config = config
+            self._static = None
+            self.executor = SyntheticExecutor(mib)  # type: ignore[assignment]
+            self._token = secrets.token_urlsafe(32)
+            self._channel = None
+            self._shards = {}
+            self._started = asyncio.Lock()
+            self._data_url = None
+
+    return BenchActor
+
+
+def run(sizes: list[float], iters: int) -> dict[str, Any]:
+    import ray
+    from rollout_executor.config import ACTOR_NAMESPACE, ExecutorConfig, actor_name
+    from rollout_executor.rayhead import start_ray_head
+
+    head = start_ray_head(num_cpus=2, object_store_bytes=1024 * 2**20)
+    results: dict[str, Any] = {"ray_version": ray.__version__, "iters": iters, "sizes": {}}
+    try:
+        ray.init(address=head.address, namespace=ACTOR_NAMESPACE, logging_level="WARNING", log_to_driver=False)
+        actor_cls = ray.remote(make_actor_class())
+        for mib in sizes:
+            job = f"bench-{str(mib).replace('.', '-')}"
+            cfg = ExecutorConfig(job=job, dataset_path="/dev/null", model="none")
+            actor = actor_cls.options(name=actor_name(job), namespace=ACTOR_NAMESPACE, lifetime="detached", max_concurrency=100, num_cpus=0).remote(cfg, mib)
+            ray.get(actor.ready.remote())
+            per: dict[str, Any] = {"shard_bytes": synthetic_batch(mib, 0).nbytes}
+            base = 0
+            for name, address, transport in (
+                ("direct", head.address, "ray"),
+                ("client_http", head.client_address, "http"),
+                ("client_ray", head.client_address, "ray"),
+            ):
+                proc = subprocess.run(
+                    [sys.executable, "-c", TRAINER, job, address, transport, str(iters), str(base)],
+                    capture_output=True, text=True, timeout=900, cwd=ROOT,
+                )  # fmt: skip
+                if proc.returncode != 0:
+                    raise RuntimeError(f"{name} trainer failed:\n{proc.stderr[-3000:]}")
+                per[name] = json.loads(proc.stdout.strip().splitlines()[-1])
+                base += iters + 3
+            per["ratio_client_http_to_direct"] = per["client_http"]["mib_per_s"] / per["direct"]["mib_per_s"]
+            per["ratio_client_ray_to_direct"] = per["client_ray"]["mib_per_s"] / per["direct"]["mib_per_s"]
+            results["sizes"][f"{mib:g}MiB"] = per
+            ray.kill(actor, no_restart=True)
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        head.stop()
+    return results
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes-mib", type=float, nargs="+", default=[1.0, 16.0])
+    p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--json-out")
+    args = p.parse_args()
+    started = time.time()
+    results = run(args.sizes_mib, args.iters)
+    results["wall_s"] = time.time() - started
+    text = json.dumps(results, indent=1)
+    print(text)
+    if args.json_out:
+        Path(args.json_out).write_text(text + "\n")
+    parts = []
+    for size, r in results["sizes"].items():
+        parts.append(
+            f"{size}: client_http {r['client_http']['mib_per_s']:.0f} MiB/s ({r['client_http']['batches_per_s']:.1f}/s), "
+            f"client_ray {r['client_ray']['mib_per_s']:.0f}, direct {r['direct']['mib_per_s']:.0f} MiB/s "
+            f"({r['direct']['batches_per_s']:.1f}/s), http/direct {r['ratio_client_http_to_direct']:.2f}"
+        )
+    print("rollout_stream_bench: " + "; ".join(parts))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
