@@ -142,6 +142,11 @@ class KubeApi:
         out = await self.raw(self.authz.create_subject_access_review, body)
         return out.get("status", {})
 
+    async def count_pods(self, namespace: str, selector: str) -> int:
+        """Pods matching the selector, terminating ones included (they still hold their GPUs)."""
+        out = await self.raw(self.core.list_namespaced_pod, namespace, label_selector=selector)
+        return len(out.get("items") or [])
+
     # ---------------------------------------------------------------- batch/v1 Job (trainer)
     async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:

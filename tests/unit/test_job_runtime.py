@@ -23,6 +23,7 @@ class FakeKube:
         self.patches: list[dict[str, Any]] = []
         self.events: list[tuple[str, str, str]] = []
         self.deleted: list[str] = []
+        self.platform: FakePlatform | None = None
 
     async def patch_rljob_status(self, ns: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
         self.patches.append(status)
@@ -40,6 +41,9 @@ class FakeKube:
 
     async def get_job(self, ns: str, name: str) -> dict[str, Any] | None:
         return None
+
+    async def count_pods(self, ns: str, selector: str) -> int:
+        return len(self.platform.cells) if self.platform else 0
 
     async def delete_rljob(self, ns: str, name: str, uid: str | None = None) -> None:
         self.deleted.append(name)
@@ -61,6 +65,7 @@ def rljob(replicas: int = 2, **spec: Any) -> dict[str, Any]:
 
 def runtime(body: dict[str, Any], platform: FakePlatform, clock: FakeClock, registry: JobRegistry | None = None):
     kube = FakeKube(body)
+    kube.platform = platform
     applied: list[dict[str, Any]] = []
 
     async def apply(obj: dict[str, Any]) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from controller_runtime.clock import parse_iso
+from rljob_operator.labels import engine_selector, selector_string
 from rljob_operator.reconcile.flow import StepResult
 from rljob_operator.reconcile.status import TERMINAL
 
@@ -25,12 +26,16 @@ if TYPE_CHECKING:
 
 
 async def delete_engine_pods(rt: JobRuntime) -> int:
-    """Stop the controller and delete every cell; the number of engine pods still there."""
+    """Stop the controller and delete every cell; the number of engine pods still existing.
+
+    Counted straight from the API (terminating pods included): "suspended" must mean the
+    pods are gone, not merely marked for deletion, or a quick resume would race them.
+    """
     await rt.stop_controller()
     cells = await rt.platform.observe_cells()
     for cell in cells:
         await rt.platform.delete_cell(cell.name)
-    return sum(len(c.pods) for c in cells)
+    return await rt.kube.count_pods(rt.namespace, selector_string(engine_selector(rt.name)))
 
 
 async def ensure_finished(rt: JobRuntime) -> StepResult:
