@@ -22,6 +22,7 @@ side channel's advertised URL, e.g. `http://<job>-rollout:10002` behind a Servic
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -35,6 +36,7 @@ from rljob_client.trainbatch import ShardRef, TrainBatch, decode
 
 ACTOR_NAMESPACE = "rljob"
 CLIENT_PORT = 10001
+CONNECT_ATTEMPTS = 4
 
 
 class RolloutStreamError(RuntimeError):
@@ -78,10 +80,10 @@ class RolloutStream:
     def connect(self) -> RolloutStream:
         if self._actor is not None:
             return self
-        if not ray.is_initialized():
-            ray.init(address=self.address, namespace=ACTOR_NAMESPACE, logging_level="WARNING", log_to_driver=False)
-            self._owns_ray = True
         deadline = time.monotonic() + self._connect_timeout_s
+        if not ray.is_initialized():
+            self._init_ray(deadline)
+            self._owns_ray = True
         while True:
             try:
                 self._actor = ray.get_actor(actor_name(self.job), namespace=ACTOR_NAMESPACE)
@@ -94,6 +96,22 @@ class RolloutStream:
                 time.sleep(0.5)
         self._info = ray.get(self._actor.ready.remote(), timeout=self._connect_timeout_s)
         return self
+
+    def _init_ray(self, deadline: float) -> None:
+        """ray.init, retried: the client server's per-connection server can die at start
+        (seen under gVisor: a gRPC epoll check failure) and the next try gets a fresh one."""
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                ray.init(address=self.address, namespace=ACTOR_NAMESPACE, logging_level="WARNING", log_to_driver=False)
+                return
+            except (ConnectionError, ConnectionAbortedError) as e:
+                if attempt >= CONNECT_ATTEMPTS or time.monotonic() > deadline:
+                    raise RolloutStreamError(f"cannot connect to {self.address} after {attempt} attempts: {e}") from e
+                with contextlib.suppress(Exception):
+                    ray.shutdown()
+                time.sleep(min(2.0 * attempt, 10.0))
 
     @property
     def transport(self) -> str:

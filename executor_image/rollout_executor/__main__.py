@@ -104,8 +104,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+
+    def on_signal() -> None:
+        # ray.init installs its own SIGTERM handler (it aborts the process): ours goes back on after.
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+
+    on_signal()
 
     import ray
 
@@ -128,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     handle = None
     try:
         ray.init(address=address, namespace=ACTOR_NAMESPACE, logging_level="WARNING")
+        on_signal()
         handle, info = create_actor(config)
         resumed = ray.get(handle.load.remote()) if config.state_dir else None
         ready: dict[str, Any] = {
