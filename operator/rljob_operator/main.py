@@ -124,6 +124,7 @@ async def run_operator(s: OperatorSettings) -> int:
             return False, "kopf stopped"
         return True, "leader" if elector.is_leader() else "standby"
 
+    await elector.tick()  # know the leader before answering: a standby's 503 names it
     api_runner, api_port = await start_site(control.app(), s.api_host, s.api_port)
     ops_runner, ops_port = await start_site(ops_app(metrics, healthy), s.metrics_host, s.metrics_port)
     log.info("listening", extra={"controller_api_port": api_port, "metrics_port": ops_port, "identity": s.identity})
