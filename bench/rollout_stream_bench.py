@@ -5,7 +5,8 @@
 One Ray head on loopback, one executor actor (the real ExecutorActor and data channel, with
 a synthetic batch of the given size in place of generation, so engines are not measured).
 Each trainer is its own process and fetches `iters` distinct rollouts (each shard put into the
-object store by the actor, as in a real run), after 3 warm-up fetches:
+object store by the actor, as in a real run), after 3 warm-up fetches; `rounds` interleaved
+rounds per mode, medians reported (other jobs on the machine make single runs noisy):
 
   client_http  RolloutStream over Ray Client, shard bytes over the HTTP side channel (default)
   client_ray   RolloutStream over Ray Client, ray.get of the ObjectRef (proxied by the client server)
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -112,13 +114,13 @@ def make_actor_class() -> Any:
     return BenchActor
 
 
-def run(sizes: list[float], iters: int) -> dict[str, Any]:
+def run(sizes: list[float], iters: int, rounds: int) -> dict[str, Any]:
     import ray
     from rollout_executor.config import ACTOR_NAMESPACE, ExecutorConfig, actor_name
     from rollout_executor.rayhead import start_ray_head
 
     head = start_ray_head(num_cpus=2, object_store_bytes=1024 * 2**20)
-    results: dict[str, Any] = {"ray_version": ray.__version__, "iters": iters, "sizes": {}}
+    results: dict[str, Any] = {"ray_version": ray.__version__, "iters": iters, "rounds": rounds, "sizes": {}}
     try:
         ray.init(address=head.address, namespace=ACTOR_NAMESPACE, logging_level="WARNING", log_to_driver=False)
         actor_cls = ray.remote(make_actor_class())
@@ -128,20 +130,25 @@ def run(sizes: list[float], iters: int) -> dict[str, Any]:
             actor = actor_cls.options(name=actor_name(job), namespace=ACTOR_NAMESPACE, lifetime="detached", max_concurrency=100, num_cpus=0).remote(cfg, mib)
             ray.get(actor.ready.remote())
             per: dict[str, Any] = {"shard_bytes": synthetic_batch(mib, 0).nbytes}
+            modes = [("direct", head.address, "ray"), ("client_http", head.client_address, "http"), ("client_ray", head.client_address, "ray")]
+            runs: dict[str, list[dict[str, Any]]] = {m[0]: [] for m in modes}
             base = 0
-            for name, address, transport in (
-                ("direct", head.address, "ray"),
-                ("client_http", head.client_address, "http"),
-                ("client_ray", head.client_address, "ray"),
-            ):
-                proc = subprocess.run(
-                    [sys.executable, "-c", TRAINER, job, address, transport, str(iters), str(base)],
-                    capture_output=True, text=True, timeout=900, cwd=ROOT,
-                )  # fmt: skip
-                if proc.returncode != 0:
-                    raise RuntimeError(f"{name} trainer failed:\n{proc.stderr[-3000:]}")
-                per[name] = json.loads(proc.stdout.strip().splitlines()[-1])
-                base += iters + 3
+            for rnd in range(rounds):  # interleaved rounds, order rotated: load from other jobs hits all modes alike
+                for name, address, transport in modes[rnd % 3 :] + modes[: rnd % 3]:
+                    proc = subprocess.run(
+                        [sys.executable, "-c", TRAINER, job, address, transport, str(iters), str(base)],
+                        capture_output=True, text=True, timeout=900, cwd=ROOT,
+                    )  # fmt: skip
+                    if proc.returncode != 0:
+                        raise RuntimeError(f"{name} trainer failed:\n{proc.stderr[-3000:]}")
+                    runs[name].append(json.loads(proc.stdout.strip().splitlines()[-1]))
+                    base += iters + 3
+            for name, rs in runs.items():
+                per[name] = {
+                    "mib_per_s": statistics.median(r["mib_per_s"] for r in rs),
+                    "batches_per_s": statistics.median(r["batches_per_s"] for r in rs),
+                    "rounds_mib_per_s": [round(r["mib_per_s"], 1) for r in rs],
+                }
             per["ratio_client_http_to_direct"] = per["client_http"]["mib_per_s"] / per["direct"]["mib_per_s"]
             per["ratio_client_ray_to_direct"] = per["client_ray"]["mib_per_s"] / per["direct"]["mib_per_s"]
             results["sizes"][f"{mib:g}MiB"] = per
@@ -157,10 +164,11 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes-mib", type=float, nargs="+", default=[1.0, 16.0])
     p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds per mode; medians are reported")
     p.add_argument("--json-out")
     args = p.parse_args()
     started = time.time()
-    results = run(args.sizes_mib, args.iters)
+    results = run(args.sizes_mib, args.iters, args.rounds)
     results["wall_s"] = time.time() - started
     text = json.dumps(results, indent=1)
     print(text)

@@ -94,6 +94,8 @@ class TrainBatch:
         """
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in a world of size {world_size}")
+        if world_size == 1:  # the whole batch: share the arrays, copy nothing
+            return TrainBatch(dict(self.arrays), self.rollout_id, 0, 1, self.n_samples_per_prompt, self.pad_id, dict(self.meta))
         groups = np.unique(self.arrays["group_indices"])
         mine = np.array_split(groups, world_size)[rank]
         return self.select_groups(mine, rank, world_size)
