@@ -264,9 +264,9 @@ class RolloutExecutor:
 
     async def begin_weight_update(self) -> dict[str, Any]:
         """Stop starting requests; drain or abort in-flight ones (spec.rollout.onWeightUpdate)."""
-        await self._update_lock.acquire()
         assert self._gate is not None
-        n = await self._gate.close(self.config.on_weight_update)
+        async with self._update_lock:  # a second begin (a retried call) finds the gate closed: a no-op
+            n = await self._gate.close(self.config.on_weight_update) if self._gate.is_open else 0
         return {"mode": self.config.on_weight_update, "in_flight": n}
 
     async def end_weight_update(self, version: int | str | None = None) -> int:
@@ -275,10 +275,8 @@ class RolloutExecutor:
         try:
             if version is not None:
                 self.set_weight_version(version)
+        finally:  # a refused version still reopens generation: never leave the executor stuck
             self._gate.open(self.versions.current)
-        finally:
-            if self._update_lock.locked():
-                self._update_lock.release()
         return self.versions.current
 
     # ---- eval, state, stats ------------------------------------------------------------
