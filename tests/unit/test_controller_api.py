@@ -184,3 +184,14 @@ async def test_job_without_controller_says_why():
             got[name] = (r.status, (await r.json())["reason"])
     assert got == {"susp": (409, "Suspended"), "done": (409, "Finished"), "new": (503, "ControllerStarting"),
                    "missing": (404, "JobNotFound")}
+
+
+def test_eval_fleet_from_the_controller_is_answered_as_plain_data() -> None:
+    from rljob_operator.controller_api import eval_response
+
+    from controller_runtime.evalpin import EvalFleet
+
+    fleet = EvalFleet(["http://127.0.0.1:1"], "v3", "/ckpt/3", False, "pin_violation", "engine reports v2", {"http://127.0.0.1:1": "v2"})
+    resp = eval_response(fleet)
+    assert resp.skip_reason == "pin_violation" and resp.versions == {"http://127.0.0.1:1": "v2"}
+    assert resp.to_wire()["pinnedVersion"] == "v3"
