@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -55,6 +56,8 @@ from controller_runtime.errors import (
     WeightCheckMismatch,
 )
 from controller_runtime.window import NoReadyEngines
+
+log = logging.getLogger(__name__)
 
 SERVICE_ACCOUNT_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
 WEIGHT_TAGS: tuple[MemoryTag, ...] = (MemoryTag.weights,)
@@ -231,10 +234,14 @@ class _WindowMixin:
         window = WeightUpdateWindow.from_response(resp, weight_version)
         try:
             yield window
-        except BaseException:
+        except BaseException as exc:
             # Abort must run even when the body was cancelled; shield it so the lock is released.
-            with contextlib.suppress(Exception):
-                await asyncio.shield(self.abort_update_weights(window.snapshot))
+            try:
+                stopped = await asyncio.shield(self.abort_update_weights(window.snapshot))
+                log.warning("update window aborted (%s: %s); cells stopped: %s", type(exc).__name__, exc, stopped)
+            except Exception as abort_exc:  # the lock then expires on the controller's side
+                log.error("aborting the update window failed: %s (the lock expires at %s)", abort_exc,
+                          window.lock.expires)
             raise
         await self.end_update_weights(window.snapshot, window.weight_version)
 

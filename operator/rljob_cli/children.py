@@ -1,18 +1,20 @@
 """Every process `rljob run` started, directly or further down, and the guarantee that none outlives it.
 
 Engines, the executor and its Ray head each run in their own process group and are stopped
-in order by their owners; this module is the backstop. The runner makes itself a child
-subreaper (Linux), so a grandchild orphaned by a crashed parent is re-parented to the
-runner rather than to init and stays visible as a descendant. Descendants are recorded
-(pid, start time, command) in `pids.json` as they appear; at the end, whatever recorded
-process still exists is killed, zombies are reaped, and the file says what was left (nothing,
-unless the kernel refused a SIGKILL).
+in order by their owners; this module is the backstop. Descendants are recorded (pid, start
+time, command) in `pids.json` as they appear (at every spawn and step, so a grandchild is
+on record before a crashed parent could orphan it); at the end, whatever recorded process
+still exists is killed and the file says what was left (nothing, unless the kernel refused a
+SIGKILL).
+
+The runner does not make itself a child subreaper: orphans re-parented to it would stay
+zombies until reaped, and Ray's client proxier fails when the server it just spawned shows up
+as a zombie (measured: "psutil.ZombieProcess" from ray.util.client.server.proxier).
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import signal
@@ -22,19 +24,9 @@ from typing import Any
 
 import psutil
 
-PR_SET_CHILD_SUBREAPER = 36
-
-
-def become_subreaper() -> bool:
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
-
 
 def reap_zombies() -> None:
-    """Collect exit statuses of finished children (orphans re-parented to us included)."""
+    """Collect exit statuses of our finished children (at the very end: Popen objects are done by then)."""
     while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
@@ -57,7 +49,6 @@ class ChildProcesses:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.me = psutil.Process()
-        self.subreaper = become_subreaper()
         self.seen: dict[int, dict[str, Any]] = {}
         self.left: list[dict[str, Any]] | None = None
 
@@ -106,7 +97,7 @@ class ChildProcesses:
         return self.left
 
     def write(self) -> None:
-        data = {"runner_pid": self.me.pid, "subreaper": self.subreaper,
+        data = {"runner_pid": self.me.pid,
                 "processes": sorted(self.seen.values(), key=lambda r: r["pid"]), "left_after_exit": self.left}
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(data, indent=2) + "\n")

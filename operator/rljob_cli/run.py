@@ -4,8 +4,8 @@ What runs where:
 
 - this process: the InferenceController (controller_runtime, unchanged) over a
   `LocalPlatform` whose cells are vLLM CPU processes; the controller API on 127.0.0.1 for the
-  executor; the reference trainer (in-process, `LocalControllerClient`), a Ray driver that
-  reads batches from the executor's actor;
+  executor; the reference trainer (in-process, `LocalControllerClient`), which reads batches
+  from the executor's actor over Ray Client, as a trainer pod does;
 - child process `python -m rollout_executor`: starts a local Ray head and the job's executor
   actor, finds serving engines through the controller API, exactly as in its pod;
 - child processes: one vLLM server per engine cell, started, probed, restarted by the controller.
@@ -225,12 +225,13 @@ class LocalRun:
         ctrl_stop = asyncio.Event()
         ctrl_task = asyncio.create_task(self.controller.run(ctrl_stop), name="controller")
         api = LocalControlAPI(self.controller, self.job, LOCAL_NAMESPACE, self.out / "controller.token")
+        self.executor: ExecutorProcess | None = None
         executor: ExecutorProcess | None = None
         stream: Any = None
         watchdog = asyncio.create_task(self._watch(), name="watchdog")
         try:
             url = await api.start()
-            executor = ExecutorProcess(self.job, resolved, url, api.token_file, self.out)
+            executor = self.executor = ExecutorProcess(self.job, resolved, url, api.token_file, self.out)
             self.children.note("executor", executor.start())
             self.progress.status("starting engines, Ray and the executor")
             ready = await self._until_stopped(executor.wait_ready(self.opts.executor_ready_timeout))
@@ -239,7 +240,7 @@ class LocalRun:
             if self.opts.trainer_process:
                 await self._until_stopped(self._run_trainer_process(ready, api))
                 return self._exit_code()
-            stream = await self._until_stopped(asyncio.to_thread(self._connect, ready["ray_address"]))
+            stream = await self._until_stopped(asyncio.to_thread(self._connect, ready["client_address"]))
             from rljob_client.trainer.policy import PolicyTrainer
 
             ref = self.spec.trainer.reference
@@ -317,10 +318,16 @@ class LocalRun:
         self.timings["initial_weight_sync_seconds"] = time.monotonic() - started
         self.timings["fleet_ready_seconds"] = time.monotonic() - self.started
 
-    def _connect(self, ray_address: str) -> Any:
+    def _connect(self, client_address: str) -> Any:
+        """Ray Client, as a trainer pod connects (batches come over the executor's side channel).
+
+        Not a driver on the head's node: a driver's core worker ends its whole process when
+        the raylet goes away, and the Ray head stops while a batch request may still be
+        blocked in a thread; a Ray Client connection just fails.
+        """
         from rljob_client.rollout_stream import RolloutStream
 
-        return RolloutStream(self.job, address=ray_address).connect()
+        return RolloutStream(self.job, address=client_address).connect()
 
     def _on_step(self, record: StepRecord) -> None:
         self.records.append(record)
@@ -353,6 +360,11 @@ class LocalRun:
         """Stop the run when every engine cell spent its restart budget, or the executor died."""
         while not self.stop.is_set():
             await asyncio.sleep(2.0)
+            if self.executor is not None and self.executor.proc is not None and not self.executor.alive():
+                self.failure = (f"the executor exited with code {self.executor.proc.returncode} "
+                                f"(log: {self.executor.log_path}):\n{self.executor.log_tail()}")
+                self.stop.set()
+                return
             statuses = self.controller.engine_statuses()
             if statuses and all(s.state == CellState.Failed for s in statuses):
                 logs = ", ".join(str(self.logs / f"{s.name}-g{s.generation}.log") for s in statuses)
@@ -366,17 +378,18 @@ class LocalRun:
         if stream is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(asyncio.to_thread(stream.close), 20)
-        if executor is not None:
-            await asyncio.to_thread(executor.stop)
-        ctrl_stop.set()
+        ctrl_stop.set()  # first, so that no cell is recreated while the engines go
         with contextlib.suppress(Exception):
             await asyncio.wait_for(ctrl_task, 30)
+        restarts = int(self.controller.status_patch().get("restartsTotal") or 0)
+        spawned = self.platform.spawned
+        stopping = [self.platform.close()]
+        if executor is not None:
+            stopping.append(asyncio.to_thread(executor.stop))
+        await asyncio.gather(*stopping, return_exceptions=True)  # each may take seconds: in parallel
         await api.close()
         with contextlib.suppress(Exception):
             await self.controller.close()
-        restarts = int(self.controller.status_patch().get("restartsTotal") or 0)
-        spawned = self.platform.spawned
-        await self.platform.close()
         left = await asyncio.to_thread(self.children.sweep)
         self.progress.close()
         self._write_report(restarts, spawned, left)

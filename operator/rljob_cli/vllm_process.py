@@ -89,7 +89,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 def group_alive(pgid: int) -> bool:
     """True while any process of the group exists that is not a zombie.
 
-    A zombie member that is our own child (an orphan re-parented to a subreaper runner) is
+    A zombie member that is our own child (e.g. an orphan re-parented to a subreaper parent) is
     reaped here; other zombies are dead already and only wait for their parent.
     """
     try:

@@ -85,7 +85,6 @@ async def train(args: argparse.Namespace) -> int:
         start_step, model_dir = int(current), writer.path_for(int(current))
         log.info("resuming at step %d from %s", start_step, model_dir)
     policy = PolicyTrainer(model_dir, args.learning_rate, args.algorithm, seed=args.seed)
-    writer.source = Path(args.model)  # config and tokenizer always come from the served model
     stream = RolloutStream(controller.name)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
