@@ -148,6 +148,14 @@ class KubeApi:
         return len(out.get("items") or [])
 
     # ---------------------------------------------------------------- batch/v1 Job (trainer)
+    async def delete_job(self, namespace: str, name: str) -> None:
+        """Delete a Job and (in the background) its pods; 404 is success."""
+        try:
+            await self.raw(self.batch.delete_namespaced_job, name, namespace, propagation_policy="Background")
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
     async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
             return await self.raw(self.batch.read_namespaced_job, name, namespace)

@@ -18,6 +18,7 @@ import pytest
 
 from tests.integration.operator_harness import (
     PID_ANNOTATION,
+    PROCESS_LABEL,
     Kube,
     OperatorProcess,
     call,
@@ -301,3 +302,32 @@ def test_job_succeeds_with_its_trainer_and_is_deleted_after_its_ttl(kube, operat
     assert kube.get("job", "ttl-trainer") is not None
     wait_for(lambda: kube.engine_pods("ttl") == [], 60, what="engine pods freed once finished")
     wait_for(lambda: kube.get("rljob", "ttl") is None, 60, what="RLJob deleted after ttlSecondsAfterFinished")
+
+
+def test_trainer_replicas_change_recreates_the_trainer_job_with_the_new_world_size(kube, operator):
+    """A Job's pod template is immutable: the operator deletes and recreates the trainer Job."""
+    kube.cluster.kubectl("create", "serviceaccount", "rljob-trainer", "-n", kube.ns)
+    job = make_rljob("world", replicas=1, trainer_job=True)
+    job["spec"]["trainer"].update(
+        command=["python", "-c", "import time; time.sleep(600)"],
+        podMetadata={"labels": {PROCESS_LABEL: "process"}},  # a real process: kwok does not complete it
+    )
+    kube.apply(job)
+    operator()
+
+    def world_size() -> tuple[int, str] | None:
+        tj = kube.get("job", "world-trainer")
+        if not tj or tj["metadata"].get("deletionTimestamp"):
+            return None
+        env = {e["name"]: e.get("value") for e in tj["spec"]["template"]["spec"]["containers"][0].get("env", [])}
+        return tj["spec"]["parallelism"], env.get("WORLD_SIZE", "")
+
+    assert wait_for(world_size, 90, what="trainer Job created") == (1, "1")
+    first_uid = kube.get("job", "world-trainer")["metadata"]["uid"]
+    kube.cluster.kubectl("patch", "rlj", "world", "-n", kube.ns, "--type=merge", "-p", '{"spec":{"trainer":{"replicas":2}}}')
+    wait_for(lambda: world_size() == (2, "2"), 90, what="trainer Job recreated with WORLD_SIZE=2")
+    assert kube.get("job", "world-trainer")["metadata"]["uid"] != first_uid
+    events = kube.cluster.kubectl("get", "events", "-n", kube.ns, "--field-selector", "involvedObject.name=world", "-o", "name").stdout
+    assert events.strip(), "the recreation is reported"
+    reasons = kube.cluster.kubectl("get", "events", "-n", kube.ns, "-o", "jsonpath={.items[*].reason}").stdout
+    assert "TrainerRecreated" in reasons
