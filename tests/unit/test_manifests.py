@@ -446,3 +446,16 @@ def test_relative_model_path_is_passed_through_without_a_volume() -> None:
     assert cmd[cmd.index("--model") + 1] == "./.cache/tiny-model"
     assert [v["name"] for v in pod["spec"]["volumes"]] == ["dshm"]
     assert "volumes" not in executor_deployment(j, URL)["spec"]["template"]["spec"]
+
+
+def test_trainer_is_told_the_engine_pause_mode_and_offload_tags_only_when_colocated() -> None:
+    j = job("sglang-offload")
+    j["spec"]["trainer"] = {"replicas": 1, "gpusPerReplica": 8, "colocate": True}
+    _, tj = trainer_workload(j, URL)
+    env = env_of(container(tj["spec"]["template"]))
+    assert env["RLJOB_ENGINE"] == "sglang"
+    assert env["RLJOB_PAUSE_MODE"] == JobView.of(j).spec.inference.weight_update.pause_mode
+    assert set(env["RLJOB_OFFLOAD_TAGS"].split(",")) == {str(t) for t in JobView.of(j).spec.inference.offload.tags}
+    j["spec"]["trainer"]["colocate"] = False
+    _, tj = trainer_workload(j, URL)
+    assert env_of(container(tj["spec"]["template"]))["RLJOB_OFFLOAD_TAGS"] == ""

@@ -85,6 +85,10 @@ def _env(view: JobView, controller_url: str) -> list[dict[str, Any]]:
         env_value("RLJOB_MODEL_PATH", model_path(view.spec.model)),
         env_value("RLJOB_WEIGHT_UPDATE_METHOD", str(wu.method)),
         env_value("RLJOB_WEIGHTS_DIR", wu.shared_path),
+        env_value("RLJOB_ENGINE", str(view.spec.inference.engine)),
+        env_value("RLJOB_PAUSE_MODE", str(wu.pause_mode)),
+        # Offload around training only when the trainer shares the engines' GPUs (colocated).
+        env_value("RLJOB_OFFLOAD_TAGS", ",".join(str(tag) for tag in view.spec.inference.offload.tags) if t.colocate else ""),
     ]
     return merge_env(env, user_env(t.env))
 
