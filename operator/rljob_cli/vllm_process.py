@@ -73,6 +73,8 @@ def vllm_env(base: Mapping[str, str], extra: Mapping[str, str] | None = None,
     env.setdefault("VLLM_SERVER_DEV_MODE", "1")
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
     env.setdefault("VLLM_NO_USAGE_STATS", "1")
+    env.setdefault("HF_HUB_OFFLINE", "1")  # models are local paths; never ask a hub
+    env.setdefault("TRANSFORMERS_OFFLINE", "1")
     env.setdefault("DO_NOT_TRACK", "1")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env.update(extra or {})
