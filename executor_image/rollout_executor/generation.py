@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -68,11 +69,14 @@ class EnginePool:
     _engines: dict[str, _EngineState] = field(default_factory=dict)
     _current: list[str] = field(default_factory=list)
     _refreshed_at: float = -1e18
-    _changed: asyncio.Condition | None = None
+    _changed: asyncio.Event | None = None
 
-    def _cond(self) -> asyncio.Condition:
+    def _event(self) -> asyncio.Event:
+        """Set when a slot frees up. An Event, not a Condition: a cancelled Condition.wait must
+        re-take the lock, and many cancelled waiters (a rollout stopped by a failing reward)
+        could then stall the cancellation."""
         if self._changed is None:
-            self._changed = asyncio.Condition()
+            self._changed = asyncio.Event()
         return self._changed
 
     async def refresh(self, force: bool = False) -> list[str]:
@@ -103,8 +107,9 @@ class EnginePool:
         """An engine with a free slot; waits (re-discovering engines) up to no_engine_timeout."""
         exclude = exclude or set()
         deadline = self.clock() + self.no_engine_timeout_seconds
-        cond = self._cond()
+        changed = self._event()
         while True:
+            changed.clear()
             urls = await self.refresh()
             url = self._pick(urls, exclude)
             if url is not None:
@@ -117,11 +122,8 @@ class EnginePool:
                     f"no serving engine had a free slot for {self.no_engine_timeout_seconds:.0f}s "
                     f"(known engines: {urls or 'none'})"
                 )
-            async with cond:
-                try:
-                    await asyncio.wait_for(cond.wait(), timeout=min(0.5, self.refresh_seconds))
-                except TimeoutError:
-                    pass
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), timeout=min(0.5, self.refresh_seconds))
 
     async def release(self, url: str, ok: bool) -> None:
         st = self._engines[url]
@@ -133,9 +135,7 @@ class EnginePool:
             st.errors += 1
             st.cooldown_until = self.clock() + min(self.max_cooldown_seconds, 0.25 * 2 ** (st.failures - 1))
             self._refreshed_at = -1e18  # the fleet may have changed: ask again
-        cond = self._cond()
-        async with cond:
-            cond.notify_all()
+        self._event().set()
 
     def stats(self) -> dict[str, dict[str, int]]:
         return {u: {"in_flight": s.in_flight, "requests": s.requests, "errors": s.errors} for u, s in self._engines.items()}
