@@ -2,7 +2,8 @@
 
 `ray start --head --block` runs as a child in its own process group; stopping sends it
 SIGTERM (it stops the Ray processes it started) and then SIGKILLs whatever is left of that
-group. Never `ray stop`: it kills every Ray on the machine, other people's too.
+group. It also gets SIGTERM when its parent dies (PR_SET_PDEATHSIG), so a SIGKILLed executor
+does not leave its head running. Never `ray stop`: it kills every Ray on the machine, other people's too.
 
 Ports: every port Ray would otherwise take at a fixed number (dashboard 8265, dashboard agent
 52365, worker ports 10002-19999) is chosen free here, so several heads can share a machine.
@@ -79,6 +80,16 @@ class RayHead:
             self.process.wait(timeout=5)
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM it when the process that started it dies (Linux), so a
+    killed executor never leaves an orphaned Ray head behind (`ray start --block` stops its
+    Ray processes on SIGTERM)."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 def start_ray_head(
     node_ip: str = "127.0.0.1",
     client_port: int | None = None,
@@ -117,7 +128,9 @@ def start_ray_head(
     env.pop("RAY_ADDRESS", None)
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        proc = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, preexec_fn=_die_with_parent
+        )
     head = RayHead(proc, node_ip, gcs_port, client_port, temp_dir, log_path)
     deadline = time.monotonic() + startup_timeout_s
     while time.monotonic() < deadline:
