@@ -1,6 +1,6 @@
 """The executor process: a Ray head (or a join), the job's named detached actor, then wait.
 
-    python -m rollout_executor --job NAME --manifest rljob.yaml [--namespace NS]
+    python -m rollout_executor --job NAME --manifest rljob.yaml [--dataset PATH] [--namespace NS]
         (--controller-url URL | --engines-url URL | --router-url URL | --endpoint URL ...)
         [--ray-address HOST:PORT] [--node-ip IP] [--client-port 10001] [--data-port 10002]
         [--state-dir DIR] [--ready-file FILE]
@@ -37,7 +37,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m rollout_executor", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--job", required=True, help="RLJob name (actor rljob-executor-<job>).")
     p.add_argument("--namespace", default=os.environ.get("RLJOB_NAMESPACE", "default"), help="RLJob namespace (controller API).")
-    p.add_argument("--manifest", required=True, help="RLJob manifest (YAML) whose spec.rollout drives the executor.")
+    p.add_argument("--manifest", default=os.environ.get("RLJOB_MANIFEST"), help="RLJob manifest (YAML) whose spec.rollout drives the executor ($RLJOB_MANIFEST).")
+    p.add_argument("--dataset", help="Override spec.rollout.dataset.path (the path inside this pod).")
     src = p.add_argument_group("engines (first given wins)")
     src.add_argument("--endpoint", action="append", default=[], help="A fixed engine base URL (repeatable).")
     src.add_argument("--router-url", help="A router that spreads requests itself.")
@@ -58,6 +59,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--state-dir", default=os.environ.get("RLJOB_EXECUTOR_STATE_DIR"), help="Where save/load keep the dataset position.")
     p.add_argument("--ready-file", help="Write the ready JSON here.")
     return p.parse_args(argv)
+
+
+def load_manifest(args: argparse.Namespace) -> RLJobManifest:
+    """The RLJob from --manifest; without one, a spec from the environment the operator sets
+    (RLJOB_MODEL_PATH, RLJOB_TOKENIZER_PATH) and --dataset, with default sampling and reward."""
+    if args.manifest:
+        data = yaml.safe_load(Path(args.manifest).read_text())
+    else:
+        if not args.dataset:
+            raise SystemExit("rollout_executor: give --manifest (the RLJob) or at least --dataset")
+        log.warning("no --manifest: default sampling, reward and batch size; mount the RLJob and pass --manifest")
+        model = {"path": os.environ.get("RLJOB_MODEL_PATH", "/models")}
+        if os.environ.get("RLJOB_TOKENIZER_PATH"):
+            model["tokenizer"] = os.environ["RLJOB_TOKENIZER_PATH"]
+        data = {"spec": {"model": model, "inference": {}, "rollout": {"dataset": {"path": args.dataset}}}}
+    if args.dataset:
+        data.setdefault("spec", {}).setdefault("rollout", {}).setdefault("dataset", {})["path"] = args.dataset
+    return RLJobManifest.model_validate(data)
 
 
 def build_config(args: argparse.Namespace, manifest: RLJobManifest, data_host: str) -> ExecutorConfig:
@@ -93,7 +112,7 @@ def check_config(config: ExecutorConfig) -> None:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
-    manifest = RLJobManifest.model_validate(yaml.safe_load(Path(args.manifest).read_text()))
+    manifest = load_manifest(args)
     node_ip = args.node_ip
     data_host = args.data_host or ("127.0.0.1" if node_ip in ("127.0.0.1", "localhost") else node_ip)
     try:

@@ -317,11 +317,9 @@ def test_missing_dataset_fails_at_start_naming_the_field(tmp_path: Path) -> None
             """
         )
     )
-    proc = subprocess.run(
-        [sys.executable, "-m", "rollout_executor", "--job", "t", "--manifest", str(manifest), "--endpoint", "http://127.0.0.1:9"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 2, proc.stderr
-    assert "spec.rollout.dataset.path" in proc.stderr and "absent.jsonl" in proc.stderr
+    base = [sys.executable, "-m", "rollout_executor", "--job", "t", "--endpoint", "http://127.0.0.1:9"]
+    # as written by hand, and as the operator's Deployment runs it (no manifest, --dataset)
+    for argv in (["--manifest", str(manifest)], ["--dataset", f"{tmp_path}/absent.jsonl"]):
+        proc = subprocess.run([*base, *argv], capture_output=True, text=True, timeout=120, env={**os.environ, "RLJOB_MODEL_PATH": str(tmp_path)})
+        assert proc.returncode == 2, proc.stderr
+        assert "spec.rollout.dataset.path" in proc.stderr and "absent.jsonl" in proc.stderr
