@@ -26,6 +26,7 @@ import contextlib
 import http.client
 import json
 import os
+import socket
 import time
 from typing import Any
 from urllib.parse import urlsplit
@@ -170,7 +171,11 @@ class RolloutStream:
             raise RolloutStreamError("the executor advertises no data channel; use transport='ray'")
         parts = urlsplit(url)
         if self._conn is None:
-            self._conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port or 80, timeout=self.timeout_s)
+            conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port or 80, timeout=self.timeout_s)
+            conn.connect()
+            with contextlib.suppress(OSError):  # big reads per wake-up; the kernel caps it
+                conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+            self._conn = conn
         return self._conn, parts.path.rstrip("/")
 
     def _get_http(self, rollout_id: int, rank: int, world_size: int) -> TrainBatch:

@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 
 ShardSource = Callable[[int, int, int], Awaitable[TrainBatch]]
 MAX_HEADER = 16 * 1024
+SOCKET_BUFFER = 8 << 20
 
 
 class DataChannel:
@@ -76,6 +77,8 @@ class DataChannel:
             conn, _ = await loop.sock_accept(sock)
             conn.setblocking(False)
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            with contextlib.suppress(OSError):  # fewer wake-ups per shard; the kernel caps it
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER)
             task = asyncio.ensure_future(self._serve(conn))
             self._conns.add(task)
             task.add_done_callback(self._conns.discard)
