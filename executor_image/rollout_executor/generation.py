@@ -180,6 +180,8 @@ class WeightGate:
 
     async def close(self, mode: str) -> int:
         """Close the gate; `drain` waits for in-flight requests, `abort` cancels them. Returns how many."""
+        if mode not in ("drain", "abort"):
+            raise ValueError(f"spec.rollout.onWeightUpdate {mode!r}: expected drain or abort")
         self._open.clear()
         n = len(self._in_flight)
         if mode == "abort":
@@ -187,8 +189,6 @@ class WeightGate:
                 self._aborted.add(fut)
                 fut.cancel()
             self.aborted_requests += n
-        elif mode != "drain":
-            raise ValueError(f"spec.rollout.onWeightUpdate {mode!r}: expected drain or abort")
         await self._idle.wait()
         return n
 
