@@ -61,11 +61,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+EXECUTOR_SPEC_ENV = "RLJOB_EXECUTOR_SPEC"  # set by rljob_operator.manifests.executor
+
+
 def load_manifest(args: argparse.Namespace) -> RLJobManifest:
     """The RLJob from --manifest; without one, a spec from the environment the operator sets
     (RLJOB_MODEL_PATH, RLJOB_TOKENIZER_PATH) and --dataset, with default sampling and reward."""
     if args.manifest:
         data = yaml.safe_load(Path(args.manifest).read_text())
+    elif os.environ.get(EXECUTOR_SPEC_ENV):
+        # The operator's Deployment: the executor's part of the RLJob spec as JSON.
+        data = {"spec": json.loads(os.environ[EXECUTOR_SPEC_ENV])}
     else:
         if not args.dataset:
             raise SystemExit("rollout_executor: give --manifest (the RLJob) or at least --dataset")

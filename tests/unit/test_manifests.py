@@ -309,12 +309,13 @@ def test_executor_is_one_replica_recreated_never_rolled() -> None:
     assert spec["containers"][0]["resources"] == {"requests": {"cpu": "2", "memory": "8Gi"}}
 
 
-def test_executor_service_exposes_ray_client_and_dashboard() -> None:
+def test_executor_service_exposes_ray_client_dashboard_and_shard_data() -> None:
     svc = executor_service(job("gpu-4x2"))
     assert svc["metadata"]["name"] == "llama-8b-rollout"
     assert {(p["name"], p["port"]) for p in svc["spec"]["ports"]} == {
         ("ray-client", 10001),
         ("dashboard", 8265),
+        ("shard-data", 10002),  # RolloutStream's HTTP side channel for shard bytes
     }
     assert svc["spec"]["selector"] == {L.JOB: "llama-8b", L.ROLE: "rollout"}
     ray_svc = executor_service(job("multinode-vllm"))

@@ -16,6 +16,7 @@ the addresses it cannot derive on the command line and, redundantly, as environm
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from rljob_operator import labels as L
@@ -36,6 +37,8 @@ from rljob_operator.names import ray_cluster_name, rollout_name
 CONTAINER = "executor"
 RAY_CLIENT_PORT = 10001
 RAY_DASHBOARD_PORT = 8265
+SHARD_DATA_PORT = 10002  # the executor's HTTP side channel for shard bytes (rljob_client.RolloutStream)
+EXECUTOR_SPEC_ENV = "RLJOB_EXECUTOR_SPEC"
 RAY_GCS_PORT = 6379
 EXECUTOR_MODULE = "rollout_executor"
 
@@ -60,8 +63,22 @@ def executor_command(view: JobView, controller_url: str) -> list[str]:
     return cmd
 
 
+def executor_spec_json(view: JobView) -> str:
+    """The parts of the RLJob spec the executor acts on (sampling, reward, batch size, staleness,
+    model/tokenizer, router, trainer shape), as JSON in one env var.
+
+    Only these parts, so that scaling engines (`inference.replicas`) does not change the
+    Deployment's pod template and restart the executor mid-rollout.
+    """
+    spec = view.spec.to_wire()
+    inference = {k: v for k, v in spec["inference"].items() if k in ("engine", "router")}
+    part = {"model": spec["model"], "inference": inference, "rollout": spec["rollout"], "trainer": spec.get("trainer", {})}
+    return json.dumps(part, sort_keys=True, separators=(",", ":"))
+
+
 def _env(view: JobView, controller_url: str) -> list[dict[str, Any]]:
     env = [
+        env_value(EXECUTOR_SPEC_ENV, executor_spec_json(view)),
         env_field("POD_IP", "status.podIP"),
         env_value("RLJOB_NAME", view.name),
         env_value("RLJOB_NAMESPACE", view.namespace),
@@ -93,6 +110,7 @@ def executor_deployment(
             {"name": "ray-client", "containerPort": RAY_CLIENT_PORT, "protocol": "TCP"},
             {"name": "dashboard", "containerPort": RAY_DASHBOARD_PORT, "protocol": "TCP"},
             {"name": "gcs", "containerPort": RAY_GCS_PORT, "protocol": "TCP"},
+            {"name": "shard-data", "containerPort": SHARD_DATA_PORT, "protocol": "TCP"},
         ],
     }
     if mounts:
@@ -153,6 +171,12 @@ def executor_service(job: dict[str, Any] | JobView) -> dict[str, Any]:
                     "name": "dashboard",
                     "port": RAY_DASHBOARD_PORT,
                     "targetPort": RAY_DASHBOARD_PORT,
+                    "protocol": "TCP",
+                },
+                {
+                    "name": "shard-data",
+                    "port": SHARD_DATA_PORT,
+                    "targetPort": SHARD_DATA_PORT,
                     "protocol": "TCP",
                 },
             ],
