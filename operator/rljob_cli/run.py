@@ -48,7 +48,7 @@ from rljob_cli.local_api import LocalControlAPI
 from rljob_cli.local_platform import LocalPlatform, VLLMLauncher
 from rljob_cli.manifest import ManifestError, dump, ensure_model, job_name, load_manifest, resolve_paths
 from rljob_cli.progress import Progress
-from rljob_cli.vllm_process import free_port
+from rljob_cli.vllm_process import die_with_parent, free_port
 
 log = logging.getLogger("rljob")
 
@@ -98,7 +98,7 @@ def start_logged(argv: list[str], log_path: Path, env: dict[str, str] | None = N
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as logf:
         return subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=die_with_parent)
 
 
 class ExecutorProcess:

@@ -81,6 +81,18 @@ def vllm_env(base: Mapping[str, str], extra: Mapping[str, str] | None = None,
     return env
 
 
+def die_with_parent() -> None:
+    """preexec_fn: SIGTERM this child when the thread that started it dies (PR_SET_PDEATHSIG).
+
+    The backstop for a runner killed with SIGKILL, which can stop nothing itself: without it
+    a 3 GiB vLLM server would outlive `rljob run`. Children are started from long-lived
+    threads (the event loop's, or its default executor's, which live until the loop closes).
+    """
+    import ctypes
+
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port nothing listens on right now (the kernel's choice)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -160,7 +172,7 @@ class VLLMProcess:
             # and a Ctrl-C in the terminal reaches only the runner, which stops us in order.
             self.proc = subprocess.Popen(
                 vllm_command(self.args), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=self.env, start_new_session=True,
+                env=self.env, start_new_session=True, preexec_fn=die_with_parent,
             )
 
     def returncode(self) -> int | None:

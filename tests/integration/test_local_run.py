@@ -145,6 +145,32 @@ def test_the_pod_trainer_runs_over_the_http_controller_api_and_ray_client(tmp_pa
         "the windows were opened over HTTP by the trainer process"
 
 
+@pytest.mark.parametrize("_", [pytest.param(None, marks=needs_engine)])
+def test_a_runner_killed_with_sigkill_takes_every_child_with_it(tmp_path: Path, _: None) -> None:
+    """SIGKILL cannot be handled: the children die with their parent (PR_SET_PDEATHSIG)."""
+    out = tmp_path / "run"
+    log = tmp_path / "run.log"
+    with open(log, "w") as logf:
+        proc = subprocess.Popen([*RLJOB, "run", str(EXAMPLE), "--steps", "500", "--out", str(out)],
+                                cwd=REPO, stdout=logf, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for_log(proc, log, lambda text: "step 1/500" in text)
+        records = json.loads((out / "pids.json").read_text())["processes"]
+        assert {r["what"] for r in records} >= {"executor", "tiny-cpu-cell-0-g0"}
+        proc.kill()
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 120
+        while (left := [r for r in records if still_running(r)]) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert left == [], f"processes outlived a SIGKILLed runner: {[(r['what'], r['cmd'][:80]) for r in left]}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for r in json.loads((out / "pids.json").read_text())["processes"] if (out / "pids.json").exists() else []:
+            if still_running(r):
+                os.kill(r["pid"], signal.SIGKILL)
+
+
 def write_variant(tmp_path: Path, edit: dict[str, Any]) -> Path:
     data = yaml.safe_load(EXAMPLE.read_text())
     for dotted, value in edit.items():
