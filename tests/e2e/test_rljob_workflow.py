@@ -196,6 +196,9 @@ def test_applied_rljob_becomes_ready_and_describe_shows_engines_weights_and_even
 
     wait_for(lambda: get_row(operator)["WEIGHTS"] == "1", timeout=30, what="kubectl get rlj: WEIGHTS 1")
     text = describe(operator)
+    # What a person sees (shown with `pytest -s`; the assertions are above and below).
+    print("\n[e2e] $ kubectl get rlj\n" + operator.kubectl("get", "rlj").stdout)
+    print(f"[e2e] $ kubectl describe rlj {JOB}\n{text}")
     assert re.search(r"^  Weight Version:\s+1$", text, re.M), text
     for e in describe_engines(text).values():
         assert e["State"] == "Serving" and e["Weight Version"] == "1", e
