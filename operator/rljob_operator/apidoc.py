@@ -7,14 +7,13 @@ rule it lists is one the API server applies; a test fails when the file is stale
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 from controller_runtime.api import GROUP, KIND, VERSION
 from rljob_operator import crdgen
+from rljob_operator.generated import generator_main
 from rljob_operator.structural import Schema
 
 DOC_PATH = crdgen.REPO_ROOT / "docs" / "api-reference.md"
@@ -180,21 +179,7 @@ def render(schema: Schema | None = None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=REGENERATE, description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="fail if the file is stale instead of writing it")
-    parser.add_argument("--output", type=Path, default=DOC_PATH, help=f"where the reference goes (default {DOC_PATH})")
-    args = parser.parse_args(argv)
-    text = render()
-    if args.check:
-        current = args.output.read_text() if args.output.exists() else ""
-        if current != text:
-            print(f"{args.output} is stale; regenerate it with `{REGENERATE}`", file=sys.stderr)
-            return 1
-        return 0
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(text)
-    print(f"wrote {args.output}")
-    return 0
+    return generator_main(argv, prog=REGENERATE, description=__doc__.splitlines()[0], default=DOC_PATH, render=render)
 
 
 if __name__ == "__main__":

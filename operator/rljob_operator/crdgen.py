@@ -21,7 +21,6 @@ Output is byte-stable: keys in a fixed order, properties in declaration order.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from pydantic.json_schema import GenerateJsonSchema, NoDefault
 from pydantic_core import core_schema
 
 from controller_runtime.api import GROUP, KIND, PLURAL, VERSION, RLJobSpec, RLJobStatus
+from rljob_operator.generated import generator_main
 from rljob_operator.structural import Schema, strip_empty
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -273,21 +273,7 @@ def render(crd: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=REGENERATE, description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="fail if the file is stale instead of writing it")
-    parser.add_argument("--output", type=Path, default=CRD_PATH, help=f"where the CRD goes (default {CRD_PATH})")
-    args = parser.parse_args(argv)
-    text = render(build_crd())
-    if args.check:
-        current = args.output.read_text() if args.output.exists() else ""
-        if current != text:
-            print(f"{args.output} is stale; regenerate it with `{REGENERATE}`", file=sys.stderr)
-            return 1
-        return 0
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(text)
-    print(f"wrote {args.output}")
-    return 0
+    return generator_main(argv, prog=REGENERATE, description=__doc__.splitlines()[0], default=CRD_PATH, render=lambda: render(build_crd()))
 
 
 if __name__ == "__main__":
