@@ -14,11 +14,12 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
+
+from tests.cluster.fixtures import wait_for  # one polling helper for every cluster test
 
 REPO = Path(__file__).resolve().parents[2]
 STANDIN_DIR = REPO / "tests" / "integration" / "standin"
@@ -30,23 +31,6 @@ PID_ANNOTATION = "testcluster.rljob.io/pid"
 CONTROL_PREFIX = "/apis/control.rljob.io/v1alpha1"
 
 T = TypeVar("T")
-
-
-def wait_for(fn: Callable[[], T], timeout: float = 60.0, interval: float = 0.25, what: str = "") -> T:
-    """Poll fn() until truthy (returned) or the deadline passes; exceptions count as not yet."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while True:
-        try:
-            value = fn()
-            if value:
-                return value
-            last = value
-        except Exception as exc:
-            last = exc
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what or fn}: last={last!r}")
-        time.sleep(interval)
 
 
 def free_port() -> int:
