@@ -137,6 +137,13 @@ class EnginePool:
             self._refreshed_at = -1e18  # the fleet may have changed: ask again
         self._event().set()
 
+    def give_back(self, url: str) -> None:
+        """Return a slot that was acquired but never used: no request, no verdict on the engine."""
+        st = self._engines[url]
+        st.in_flight -= 1
+        st.requests -= 1
+        self._event().set()
+
     def stats(self) -> dict[str, dict[str, int]]:
         return {u: {"in_flight": s.in_flight, "requests": s.requests, "errors": s.errors} for u, s in self._engines.items()}
 
@@ -320,8 +327,16 @@ class Generator:
         attempts = 0
         while True:
             await self.gate.wait_open()
-            version = self.gate.version
             url = await self.pool.acquire(exclude=failed)
+            if not self.gate.is_open:
+                # The gate closed while this request waited for a slot: started now, it would
+                # run on the old weights (or hit an engine mid-reload) after the drain or abort
+                # has returned. Give the slot back and wait for the new weights.
+                self.pool.give_back(url)
+                continue
+            # Read after the wait: a request is tagged with the weights it actually runs on.
+            # No await between the check above and track(): close() sees every started request.
+            version = self.gate.version
             req = asyncio.ensure_future(self._post(url, key, prompt, version, sampling))
             self.gate.track(req)
             ok = False

@@ -67,3 +67,68 @@ async def test_gate_abort_cancels_in_flight_and_drain_waits() -> None:
     with pytest.raises(ValueError, match="onWeightUpdate"):
         await gate.close("pause")
     assert gate.is_open, "a bad mode leaves generation running"
+
+
+class _RecordingGate(WeightGate):
+    """Counts callers that find the gate closed and park in wait_open."""
+
+    def __init__(self) -> None:
+        super().__init__(version=1)
+        self.parked = 0
+
+    async def wait_open(self) -> None:
+        if not self.is_open:
+            self.parked += 1
+        await super().wait_open()
+
+
+async def _until(pred, what: str, deadline_s: float = 5.0) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + deadline_s
+    while not pred():
+        assert loop.time() < end, f"timed out waiting for {what}"
+        await asyncio.sleep(0.005)
+
+
+@pytest.mark.parametrize("mode", ["drain", "abort"])
+async def test_a_request_waiting_for_a_slot_never_starts_while_the_gate_is_closed(mode: str) -> None:
+    """The race of issue 9: a request parked in `pool.acquire` when the gate closes must not
+    start (on the old weights, or against an engine mid-reload) once the slot frees up."""
+    from rollout_executor.generation import Completion, Generator, SamplingParams
+    from rollout_executor.samples import SampleKey
+
+    pool = EnginePool(static_endpoints(["http://e0"]), concurrency=1, clock=Clock())
+    gate = _RecordingGate()
+    gen = Generator(pool, gate, SamplingParams(max_tokens=1), session=None)  # type: ignore[arg-type]
+    starts: list[tuple[SampleKey, bool, int]] = []
+    finish = {0: asyncio.Event(), 1: asyncio.Event()}
+
+    async def post(url: str, key: SampleKey, prompt: str, version: int, sampling: SamplingParams) -> Completion:
+        starts.append((key, gate.is_open, version))
+        await finish[key.sample].wait()
+        return Completion(key, url, version, "x", [1], [2], [-0.1], "length")
+
+    gen._post = post  # type: ignore[method-assign]
+    first = asyncio.ensure_future(gen.complete(SampleKey(0, 0, 0), "p"))
+    await _until(lambda: len(starts) == 1, "the first request to start")
+    second = asyncio.ensure_future(gen.complete(SampleKey(0, 0, 1), "p"))
+    await _until(lambda: pool.stats()["http://e0"]["requests"] == 1 and not second.done(), "the second to wait")
+
+    closing = asyncio.ensure_future(gate.close(mode))
+    await _until(lambda: not gate.is_open, "close() to shut the gate")
+    finish[0].set()  # drain: the first finishes; abort: it was cancelled and retries later
+    assert await asyncio.wait_for(closing, 5) == 1
+    assert gate.in_flight == 0, "nothing is in flight once close() returned"
+    # Every waiter either starts a request (the bug) or parks at the closed gate (the fix).
+    parked_expected = 1 if mode == "drain" else 2
+    await _until(lambda: len(starts) > 1 or gate.parked >= parked_expected, "the waiters to settle")
+    assert [s for s in starts if not s[1]] == [], f"requests started while the gate was closed: {starts}"
+    assert gate.in_flight == 0
+
+    gate.open(version=2)
+    finish[1].set()
+    done = await asyncio.wait_for(asyncio.gather(first, second), 5)
+    assert done[1].weight_version == 2, "the waiting request is sampled on the new weights"
+    if mode == "abort":
+        assert done[0].weight_version == 2, "the aborted request is retried on the new weights"
+    assert pool.stats()["http://e0"]["in_flight"] == 0
