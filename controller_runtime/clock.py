@@ -57,6 +57,22 @@ class FakeClock:
             await asyncio.sleep(0)
 
 
+async def sleep_or_stop(stop: asyncio.Event, seconds: float, clock: Clock | None = None) -> bool:
+    """Sleep `seconds` on `clock` (real time by default) or until `stop` is set, whichever is
+    first; True when stopped. The one way every loop here waits, so that a shutdown never
+    waits out a timer and a fake clock drives every timer in tests."""
+    if stop.is_set():
+        return True
+    stopper = asyncio.ensure_future(stop.wait())
+    timer = asyncio.ensure_future((clock or RealClock()).sleep(max(seconds, 0.0)))
+    try:
+        await asyncio.wait({stopper, timer}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopper.cancel()
+        timer.cancel()
+    return stop.is_set()
+
+
 def iso(ts: float) -> str:
     """RFC 3339 UTC, as Kubernetes writes times."""
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
