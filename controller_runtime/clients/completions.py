@@ -3,6 +3,11 @@
 RL needs the exact token ids the engine sampled and their logprobs (the trainer recomputes
 the same tokens, never a re-tokenisation of the text), so a reply without them is an error
 here rather than a silent fallback.
+
+This is the one parser of completion replies: the controller's engine clients and the
+RolloutExecutor's generator both use it, so "what counts as a usable completion" cannot
+differ between them. Anything off in the body raises `EngineProtocolError` (never a bare
+KeyError/ValueError), which callers treat as the engine's fault.
 """
 
 from __future__ import annotations
@@ -50,6 +55,22 @@ def _logprobs(endpoint: str, where: str, value: Any, n_tokens: int) -> tuple[flo
     return tuple(float(v) for v in lps)
 
 
+def _int(endpoint: str, where: str, value: Any, default: int) -> int:
+    """Lenient like int() (an engine may send "3" or 3.0), but garbage is the engine's fault."""
+    if value is None or value == "":
+        return default
+    try:
+        return int(value)
+    except (TypeError, ValueError) as e:
+        raise EngineProtocolError(endpoint, f"{where}: expected an int, got {value!r:.40}") from e
+
+
+def _finish_reason(endpoint: str, where: str, value: Any) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise EngineProtocolError(endpoint, f"{where}: finish_reason is not a string")
+    return value
+
+
 def parse_completion(endpoint: str, body: Any, *, want_logprobs: bool) -> Completion:
     """Turn the JSON body into a Completion, or raise EngineProtocolError naming what is off."""
     if not isinstance(body, dict) or not isinstance(body.get("choices"), list):
@@ -58,7 +79,7 @@ def parse_completion(endpoint: str, body: Any, *, want_logprobs: bool) -> Comple
     for raw in body["choices"]:
         if not isinstance(raw, dict):
             raise EngineProtocolError(endpoint, "completions: a choice is not an object")
-        where = f"completions choice {raw.get('index')}"
+        where = f"completions choice {raw.get('index')!r:.20}"
         if "token_ids" not in raw or raw["token_ids"] is None:
             raise EngineProtocolError(
                 endpoint, f"{where}: no token_ids (engine too old for return_token_ids?)"
@@ -67,13 +88,13 @@ def parse_completion(endpoint: str, body: Any, *, want_logprobs: bool) -> Comple
         prompt_ids = raw.get("prompt_token_ids")
         choices.append(
             CompletionChoice(
-                index=int(raw.get("index", len(choices))),
+                index=_int(endpoint, where, raw.get("index"), len(choices)),
                 text=str(raw.get("text", "")),
                 token_ids=token_ids,
                 logprobs=_logprobs(endpoint, where, raw.get("logprobs"), len(token_ids))
                 if want_logprobs
                 else None,
-                finish_reason=raw.get("finish_reason"),
+                finish_reason=_finish_reason(endpoint, where, raw.get("finish_reason")),
                 prompt_token_ids=None if prompt_ids is None else _int_list(endpoint, where, prompt_ids),
             )
         )
@@ -82,8 +103,8 @@ def parse_completion(endpoint: str, body: Any, *, want_logprobs: bool) -> Comple
         id=str(body.get("id", "")),
         model=str(body.get("model", "")),
         choices=tuple(sorted(choices, key=lambda c: c.index)),
-        prompt_tokens=int(usage.get("prompt_tokens", 0) or 0),
-        completion_tokens=int(usage.get("completion_tokens", 0) or 0),
+        prompt_tokens=_int(endpoint, "completions usage", usage.get("prompt_tokens"), 0),
+        completion_tokens=_int(endpoint, "completions usage", usage.get("completion_tokens"), 0),
     )
 
 

@@ -24,6 +24,8 @@ from typing import Any
 
 import aiohttp
 
+from controller_runtime.clients.completions import completion_request, parse_completion
+from controller_runtime.errors import EngineProtocolError
 from rollout_executor.samples import SampleKey
 
 log = logging.getLogger(__name__)
@@ -231,6 +233,42 @@ class GeneratorStats:
     aborted_retries: int = 0
 
 
+def sample_completion(url: str, key: SampleKey, data: Any, version: int, header_version: str | None) -> Completion:
+    """One sample from a /v1/completions reply, parsed by controller_runtime's one parser.
+
+    Whatever the engine got wrong (garbage, no token ids or logprobs, a count mismatch, an
+    abort while it paused for a weight update) is an `EngineFailure`: the sample is retried on
+    another engine rather than failing the rollout. `header_version` (the engine's
+    X-Weight-Version, when it sends one) overrides the version the gate tagged the request with.
+    """
+    try:
+        parsed = parse_completion(url, data, want_logprobs=True)
+    except EngineProtocolError as e:
+        raise EngineFailure(f"{url}: completion without token ids/logprobs ({e})") from e
+    if not parsed.choices:
+        raise EngineFailure(f"{url}: completion without token ids/logprobs (no choices)")
+    choice = parsed.choices[0]
+    if choice.prompt_token_ids is None:
+        raise EngineFailure(f"{url}: completion without token ids/logprobs (no prompt_token_ids)")
+    if choice.finish_reason == "abort":
+        raise EngineFailure(f"{url}: request aborted by the engine (paused for a weight update?)")
+    if header_version is not None:
+        try:
+            version = int(header_version)
+        except ValueError:
+            log.warning("%s sent a non-integer %s %r; using %d", url, VERSION_HEADER, header_version, version)
+    return Completion(
+        key=key,
+        engine=url,
+        weight_version=version,
+        text=choice.text,
+        prompt_token_ids=list(choice.prompt_token_ids),
+        token_ids=list(choice.token_ids),
+        logprobs=list(choice.logprobs or ()),
+        finish_reason=choice.finish_reason,
+    )
+
+
 class Generator:
     def __init__(
         self,
@@ -271,16 +309,18 @@ class Generator:
         return name
 
     async def _post(self, url: str, key: SampleKey, prompt: str, version: int, sampling: SamplingParams) -> Completion:
-        payload = {
-            "model": await self._model_name(url),
-            "prompt": prompt,
-            "max_tokens": sampling.max_tokens,
-            "temperature": sampling.temperature,
-            "top_p": sampling.top_p,
-            "n": 1,
-            "logprobs": 0,
-            "return_token_ids": True,
-        }
+        payload = completion_request(
+            prompt,
+            max_tokens=sampling.max_tokens,
+            temperature=sampling.temperature,
+            n=1,
+            logprobs=True,
+            seed=None,
+            model=await self._model_name(url),
+            stop_token_ids=None,
+            ignore_eos=False,
+            extra={"top_p": sampling.top_p},
+        )
         try:
             async with self.session.post(f"{url}/v1/completions", json=payload, timeout=self.timeout) as r:
                 body = await r.read()
@@ -292,32 +332,7 @@ class Generator:
                 data = json.loads(body)
         except (aiohttp.ClientError, TimeoutError, ValueError) as e:
             raise EngineFailure(f"{url}: {type(e).__name__}: {e}") from e
-        try:
-            choice = data["choices"][0]
-            token_ids = [int(t) for t in choice["token_ids"]]
-            logprobs = [float(x) for x in choice["logprobs"]["token_logprobs"]]
-            prompt_ids = [int(t) for t in choice["prompt_token_ids"]]
-        except (KeyError, IndexError, TypeError, ValueError) as e:
-            raise EngineFailure(f"{url}: completion without token ids/logprobs ({type(e).__name__}: {e})") from e
-        if choice.get("finish_reason") == "abort":
-            raise EngineFailure(f"{url}: request aborted by the engine (paused for a weight update?)")
-        if len(token_ids) != len(logprobs):
-            raise EngineFailure(f"{url}: {len(token_ids)} token ids but {len(logprobs)} logprobs")
-        if header_version is not None:
-            try:
-                version = int(header_version)
-            except ValueError:
-                log.warning("%s sent a non-integer %s %r; using %d", url, VERSION_HEADER, header_version, version)
-        return Completion(
-            key=key,
-            engine=url,
-            weight_version=version,
-            text=str(choice.get("text", "")),
-            prompt_token_ids=prompt_ids,
-            token_ids=token_ids,
-            logprobs=logprobs,
-            finish_reason=choice.get("finish_reason"),
-        )
+        return sample_completion(url, key, data, version, header_version)
 
     async def complete(self, key: SampleKey, prompt: str, sampling: SamplingParams | None = None) -> Completion:
         """One sample, retried on other engines until it succeeds or attempts run out."""

@@ -53,6 +53,9 @@ def test_completion_keeps_token_ids_logprobs_and_orders_choices() -> None:
         {"choices": [_choice(token_ids=["a"])]},
         {"choices": [_choice(logprobs=None)]},
         {"choices": [_choice(logprobs={"token_logprobs": [-1.0]})]},
+        {"choices": [_choice(index="first")]},
+        {"choices": [_choice(finish_reason=3)]},
+        {"choices": [_choice()], "usage": {"prompt_tokens": "many"}},
     ],
 )
 def test_completion_without_what_rl_needs_is_a_protocol_error(body: object) -> None:
