@@ -6,13 +6,17 @@ FROM python:3.11.11-slim-bookworm AS build
 WORKDIR /src
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/rljob
+# Exactly the tested versions, hashes checked (requirements/operator.lock, from scripts/lock),
+# then the project without dependencies: nothing unpinned is downloaded.
+COPY requirements/operator.lock ./requirements/
+RUN /opt/rljob/bin/pip install --no-compile --require-hashes --no-deps -r requirements/operator.lock
 COPY pyproject.toml README.md ./
 COPY controller_runtime ./controller_runtime
 COPY operator ./operator
 COPY executor_image/rollout_executor ./executor_image/rollout_executor
 COPY executor_image/rljob_client ./executor_image/rljob_client
-RUN /opt/rljob/bin/pip install --no-compile . \
- && /opt/rljob/bin/python -c "import rljob_operator, controller_runtime"
+RUN /opt/rljob/bin/pip install --no-compile --no-deps --no-build-isolation . \
+ && /opt/rljob/bin/python -c "import rljob_operator, controller_runtime, kopf, kubernetes"
 
 FROM python:3.11.11-slim-bookworm
 LABEL org.opencontainers.image.title="rljob-operator" \
