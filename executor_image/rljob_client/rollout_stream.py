@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import logging
 import os
 import socket
 import time
@@ -105,7 +106,7 @@ class RolloutStream:
         while True:
             attempt += 1
             try:
-                ray.init(address=self.address, namespace=ACTOR_NAMESPACE, logging_level="WARNING", log_to_driver=False)
+                ray.init(address=self.address, namespace=ACTOR_NAMESPACE, logging_level=logging.WARNING, log_to_driver=False)
                 return
             except (ConnectionError, ConnectionAbortedError) as e:
                 if attempt >= CONNECT_ATTEMPTS or time.monotonic() > deadline:

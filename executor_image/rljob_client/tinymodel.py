@@ -112,6 +112,7 @@ def build_model(seed: int, config: TinyModelConfig, token_ids: dict[str, int]) -
     from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = asdict(config)
+    legacy_rope: dict[str, Any] = {"rope_theta": 10000.0}
     dtype = getattr(torch, cfg.pop("torch_dtype"))
     llama = LlamaConfig(
         **cfg,
@@ -119,7 +120,9 @@ def build_model(seed: int, config: TinyModelConfig, token_ids: dict[str, int]) -
         bos_token_id=token_ids["bos"],
         eos_token_id=token_ids["eos"],
         rms_norm_eps=1e-5,
-        rope_theta=10000.0,
+        # transformers 5 moved rope_theta into rope_parameters; the legacy keyword is still
+        # converted, and keeping it keeps the built model's config.json byte-for-byte the same.
+        **legacy_rope,
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(llama)

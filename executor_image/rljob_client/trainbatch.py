@@ -136,7 +136,7 @@ def encode(batch: TrainBatch) -> list[memoryview]:
     for offset, arr in layout:
         if offset > pos:
             parts.append(memoryview(bytes(offset - pos)))
-        parts.append(memoryview(arr).cast("B"))
+        parts.append(arr.data.cast("B"))
         pos = offset + arr.nbytes
     return parts
 

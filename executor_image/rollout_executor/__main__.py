@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         address = head.address
     handle = None
     try:
-        ray.init(address=address, namespace=ACTOR_NAMESPACE, logging_level="WARNING")
+        ray.init(address=address, namespace=ACTOR_NAMESPACE, logging_level=logging.WARNING)
         on_signal()
         handle, info = create_actor(config)
         resumed = ray.get(handle.load.remote()) if config.state_dir else None

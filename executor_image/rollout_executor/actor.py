@@ -175,12 +175,13 @@ def create_actor(config: ExecutorConfig, replace: bool = True, timeout_s: float 
         if old is not None:
             ray.kill(old, no_restart=True)
             _wait_gone(name)
-    handle = (
+    # Any: ray's stubs type an actor's methods as plain coroutines, without `.remote`.
+    handle: Any = (
         ray.remote(ExecutorActor)
         .options(name=name, namespace=ACTOR_NAMESPACE, lifetime="detached", max_concurrency=MAX_CONCURRENCY, num_cpus=0)
         .remote(config)
     )
-    info = ray.get(handle.ready.remote(), timeout=timeout_s)
+    info: dict[str, Any] = ray.get(handle.ready.remote(), timeout=timeout_s)
     return handle, info
 
 

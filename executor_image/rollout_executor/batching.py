@@ -65,7 +65,7 @@ def build_batch(samples: list[Sample], rollout_id: int, n_samples_per_prompt: in
         logprobs[i, p : p + r] = s.response_logprobs
     rewards = np.array([s.reward for s in ordered], dtype=np.float32)
     groups = np.array([s.key.group for s in ordered], dtype=np.int32)
-    arrays = {
+    arrays: dict[str, np.ndarray] = {
         "tokens": tokens,
         "response_mask": mask,
         "logprobs": logprobs,

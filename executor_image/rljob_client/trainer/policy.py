@@ -67,7 +67,8 @@ class PolicyTrainer:
         if self.max_grad_norm is not None:
             norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm))
         else:
-            norm = float(torch.sqrt(sum((p.grad.detach() ** 2).sum() for p in self.model.parameters() if p.grad is not None)))
+            squares = [(p.grad.detach() ** 2).sum() for p in self.model.parameters() if p.grad is not None]
+            norm = float(torch.sqrt(torch.stack(squares).sum())) if squares else 0.0
         self.optimizer.step()
         return StepMetrics(
             loss=float(loss.detach()),
