@@ -5,9 +5,10 @@ Kept as close to the shipped example as the test cluster allows; every change sa
   provisioner, and a pod with an unbound claim is never scheduled. The model becomes a
   relative path (passed to the engine unmounted);
 - engine pods carry `testcluster.rljob.io/run=process` (spec.inference.podMetadata) so the
-  process agent runs them, and `PYTHONPATH=tests/e2e/engine_shim` (spec.inference.env) so
-  the builder's unchanged command `python -m vllm.entrypoints.openai.api_server ...` starts
-  the light stand-in engine (tests/e2e/engine_standin.py) instead of vLLM; PATH starts with
+  process agent runs them, and `PYTHONPATH=tests/engine_standin` with
+  `RLJOB_STANDIN_CELLS=all` (spec.inference.env) so the builder's unchanged command
+  `python -m vllm.entrypoints.openai.api_server ...` starts the light stand-in engine
+  (tests/engine_standin/rljob_engine_standin.py) instead of vLLM; PATH starts with
   this venv so that `python` is the venv's (see conftest.venv_path_env);
 - health every 1 s with a threshold of 2, restart backoff 1 s: seconds, not minutes;
 - the trainer is a workload the user runs (`spec.trainer.workloadRef`): the test plays the
@@ -29,7 +30,7 @@ from tests.e2e.conftest import venv_path_env
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "llama-8b-8gpu.yaml"
-SHIM = "tests/e2e/engine_shim"  # relative: the agent runs pods from the repository root
+STANDIN_DIR = "tests/engine_standin"  # relative: the agent runs pods from the repository root
 
 
 def example() -> dict[str, Any]:
@@ -42,7 +43,8 @@ def e2e_rljob(**inference_overrides: Any) -> dict[str, Any]:
     spec["model"] = {"path": "models/Llama-3.1-8B-Instruct"}
     inf = spec["inference"]
     inf["podMetadata"] = {"labels": {"testcluster.rljob.io/run": "process"}}
-    inf["env"] = [{"name": "PYTHONPATH", "value": SHIM}, venv_path_env()]
+    inf["env"] = [{"name": "PYTHONPATH", "value": STANDIN_DIR}, {"name": "RLJOB_STANDIN_CELLS", "value": "all"},
+                  venv_path_env()]
     inf["healthCheck"] = {"intervalSeconds": 1, "timeoutSeconds": 1, "failureThreshold": 2,
                           "startupDeadlineSeconds": 120}
     inf["restartPolicy"] = {"backoffSeconds": 1, "maxBackoffSeconds": 5, "maxRestarts": 5}

@@ -1,7 +1,7 @@
 """The user's workflow with a job: `kubectl apply -f` an RLJob, watch `kubectl get rlj` reach
 Ready, read engine health and the weight version in `kubectl describe rlj`, lose an engine
 and watch the cell come back. Real helm, kubectl and operator processes on the test cluster;
-the four engines are light stand-ins (tests/e2e/engine_standin.py) started from the manifest
+the four engines are light stand-ins (tests/engine_standin) started from the manifest
 builder's own vLLM command line. The trainer is played by the test through the real
 trainer-side client (`InferenceControllerClient`) with a ServiceAccount token bound to the
 chart's `<release>-control` ClusterRole, exactly as the README tells users to do.

@@ -22,7 +22,7 @@ import yaml
 from tests.cluster.fixtures import wait_for  # one polling helper for every cluster test
 
 REPO = Path(__file__).resolve().parents[2]
-STANDIN_DIR = REPO / "tests" / "integration" / "standin"
+STANDIN_DIR = REPO / "tests" / "engine_standin"
 CRD_FILE = REPO / "crds" / "rljob.yaml"
 EXAMPLE = REPO / "examples" / "llama-8b-8gpu.yaml"
 OPERATOR_BIN = REPO / ".venv" / "bin" / "rljob-operator"
@@ -137,7 +137,7 @@ def make_rljob(
     from a local path, tensor parallel 1 and CPU engine args (the agent runs real processes on
     this CPU machine), 1 s health checks, a small restart budget, engine pods labelled for the
     process agent, the trainer as a workloadRef (kwok would "complete" trainer pods at once),
-    and test-only env that makes some cells light stand-ins (tests/integration/standin).
+    and test-only env that makes some cells light stand-ins (tests/engine_standin).
     """
     job = yaml.safe_load(EXAMPLE.read_text())
     job["metadata"] = {"name": name}

@@ -1,8 +1,8 @@
 """RolloutExecutor against the session's real vLLM server (and a small stand-in engine it can kill).
 
-The stand-in is an OpenAI-compatible `/v1/completions` server in its own process: it answers
-after a delay with made-up token ids, so a test can kill it (SIGKILL) while requests are in
-flight, or keep requests in flight across a weight update.
+The stand-in is the tests' one light engine (tests/engine_standin) in its own process, with
+`--standin-delay`: it answers completions after a delay with made-up token ids, so a test can
+kill it (SIGKILL) while requests are in flight, or keep requests in flight across a weight update.
 """
 
 from __future__ import annotations
@@ -35,37 +35,7 @@ pytestmark = pytest.mark.vllm
 N_PROMPTS = 4
 N_SAMPLES = 4
 
-STANDIN = textwrap.dedent(
-    '''
-    import asyncio, json, random, sys
-    from aiohttp import web
-
-    delay = float(sys.argv[2])
-    requests = 0
-
-    async def models(req):
-        return web.json_response({"object": "list", "data": [{"id": "standin", "object": "model"}]})
-
-    async def completions(req):
-        global requests
-        body = await req.json()
-        requests += 1
-        print("request", requests, flush=True)
-        await asyncio.sleep(delay)
-        n = int(body["max_tokens"])
-        ids = [random.randrange(3, 1000) for _ in range(n)]
-        return web.json_response({"choices": [{
-            "index": 0, "text": " ".join(map(str, ids)), "finish_reason": "length",
-            "token_ids": ids, "prompt_token_ids": [5, 6, 7],
-            "logprobs": {"token_logprobs": [-1.0] * n},
-        }]})
-
-    app = web.Application()
-    app.router.add_get("/v1/models", models)
-    app.router.add_post("/v1/completions", completions)
-    web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=lambda *a: print("serving", flush=True))
-    '''
-)
+STANDIN = Path(__file__).resolve().parents[1] / "engine_standin" / "rljob_engine_standin.py"
 
 
 class StandIn:
@@ -73,13 +43,10 @@ class StandIn:
         from rollout_executor.rayhead import free_port
 
         self.port = free_port()
-        script = tmp / "standin.py"
-        script.write_text(STANDIN)
         self.log = tmp / f"standin-{self.port}.log"
         self._out = self.log.open("wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, str(script), str(self.port), str(delay)], stdout=self._out, stderr=subprocess.STDOUT, start_new_session=True
-        )
+        argv = [sys.executable, str(STANDIN), "--host", "127.0.0.1", "--port", str(self.port), "--standin-delay", str(delay)]
+        self.proc = subprocess.Popen(argv, stdout=self._out, stderr=subprocess.STDOUT, start_new_session=True)
         self.url = f"http://127.0.0.1:{self.port}"
         deadline = time.monotonic() + 30
         while "serving" not in self.log.read_text():

@@ -4,7 +4,7 @@ Each test runs `rljob-operator --namespace <ns>` as a subprocess with the test k
 its controller API on a loopback port, applies the realistic example adjusted to the test
 cluster (tests/integration/operator_harness.py: `make_rljob`), and watches the cluster the
 way a user would (kubectl get/describe, Events). Engine cells are light stand-in servers
-(tests/integration/standin) except where a test says otherwise; health checks run every 1 s.
+(tests/engine_standin) except where a test says otherwise; health checks run every 1 s.
 """
 
 from __future__ import annotations

@@ -1,12 +1,13 @@
-"""Test-only dispatcher: turns some engine pods of a cluster test into stand-ins or crashers.
+"""Test-only dispatcher: turns some engine pods of a test into stand-ins or crashers.
 
 Engine pods run `python -m vllm.entrypoints.openai.api_server ...` (the manifest builder's
-command). The operator's cluster tests put this directory on PYTHONPATH through
-spec.inference.env; at interpreter start it reads the pod name (`<job>-cell-<i>-g<gen>-<p>`)
-and:
-- `RLJOB_STANDIN_CELLS` ("all" or "1,2,3"): those cells serve the light stand-in instead;
+command, unchanged). A test puts this directory on the pod's PYTHONPATH through
+spec.inference.env; at interpreter start, before vLLM is imported, this reads the pod name
+(`<job>-cell-<i>-g<gen>-<p>`) and:
+- `RLJOB_STANDIN_CELLS` ("all" or "1,2,3"): those cells serve the light stand-in
+  (rljob_engine_standin.py here) instead of vLLM;
 - `RLJOB_CRASH_CELLS` ("all" or "0"): those cells exit with status 1 at once (crash loop).
-Any other process (the real vLLM cell, vLLM's own children) is left alone.
+Any other process (a real vLLM cell, vLLM's own children) is left alone.
 """
 
 import os

@@ -1,1 +1,0 @@
-"""Test-only shim package: see tests/e2e/engine_shim/README.md."""
