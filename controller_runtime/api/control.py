@@ -1,15 +1,14 @@
-"""Wire format of the controller API (operator HTTP server <-> trainer-side client).
+"""Wire models of the controller API (operator and local-mode servers <-> trainer-side clients).
 
-One module for both sides so that the server (rljob_operator.controller_api) and the client
-(rljob_client.controller_client) cannot drift apart. Paths, per job:
+The verbs that use them are one table, `controller_runtime.api.verbs`; the error answers are
+another, `controller_runtime.api.wire_errors`. Paths, per job:
 
     POST {base}/apis/control.rljob.io/v1alpha1/namespaces/{ns}/rljobs/{name}/{verb}
     GET  {base}/apis/control.rljob.io/v1alpha1/namespaces/{ns}/rljobs/{name}/cells
 
-verbs: prepare_rollout, offload, onload, start_update_weights, end_update_weights,
-abort_update_weights, eval_fleet. Callers send `Authorization: Bearer <ServiceAccount token>`;
-the operator checks it with TokenReview and SubjectAccessReview (`update` on `rljobs/control`).
-A standby operator replica answers 503 with `Retry-After`.
+Callers send `Authorization: Bearer <ServiceAccount token>`; the operator checks it with
+TokenReview and SubjectAccessReview (`update` on `rljobs/control`). A standby operator
+replica answers 503 with `Retry-After`.
 """
 
 from __future__ import annotations
@@ -72,6 +71,18 @@ class CellsResponse(ApiModel):
     rollout_id: int | None = None
     serving_endpoints: list[str] = Field(default_factory=list)
     lock: LockStatus | None = None
+
+
+class MemoryChangeResponse(CellsResponse):
+    """offload/onload: the cells afterwards, plus what moved where and which engines refused.
+
+    A cell in `failed` still holds (offload) or still lacks (onload) the memory it was asked
+    to move; the clients raise MemoryChangeFailed for it rather than let a trainer train on
+    GPUs an engine did not release.
+    """
+
+    changed: dict[str, list[MemoryTag]] = Field(default_factory=dict, description="cell -> tags it released/took back.")
+    failed: dict[str, str] = Field(default_factory=dict, description="cell -> why its engine refused.")
 
 
 class EvalFleetResponse(ApiModel):

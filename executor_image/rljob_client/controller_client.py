@@ -31,6 +31,7 @@ from typing import Any, Protocol, TypeVar
 import aiohttp
 from pydantic import BaseModel, ValidationError
 
+from controller_runtime.api.base import ApiModel
 from controller_runtime.api.control import (
     AbortUpdateRequest,
     AbortUpdateResponse,
@@ -39,6 +40,7 @@ from controller_runtime.api.control import (
     EngineEndpoint,
     ErrorResponse,
     EvalFleetResponse,
+    MemoryChangeResponse,
     PrepareRolloutRequest,
     StartUpdateRequest,
     TagsRequest,
@@ -47,15 +49,42 @@ from controller_runtime.api.control import (
 )
 from controller_runtime.api.spec import MemoryTag
 from controller_runtime.api.status import LockStatus
-from controller_runtime.clock import Clock, RealClock
-from controller_runtime.errors import (
-    ControllerError,
-    LockHeld,
-    PinViolation,
-    SnapshotMismatch,
-    WeightCheckMismatch,
+from controller_runtime.api.verbs import VERBS, cells_response, eval_response, window_response
+from controller_runtime.api.wire_errors import (
+    BAD_RESPONSE,
+    TIMEOUT,
+    UNREACHABLE,
+    ControllerAPIError,
+    ControllerBadRequest,
+    ControllerConflict,
+    ControllerEngineError,
+    ControllerEngineTimeout,
+    ControllerForbidden,
+    ControllerInternalError,
+    ControllerJobFinished,
+    ControllerJobNotFound,
+    ControllerJobSuspended,
+    ControllerLockHeld,
+    ControllerMethodNotAllowed,
+    ControllerNoReadyEngines,
+    ControllerNotFound,
+    ControllerNotLeader,
+    ControllerNotWatched,
+    ControllerPinViolation,
+    ControllerReviewUnavailable,
+    ControllerSnapshotMismatch,
+    ControllerStarting,
+    ControllerUnauthenticated,
+    ControllerUnauthorized,
+    ControllerUnavailable,
+    ControllerUnknownVerb,
+    ControllerWeightCheckMismatch,
+    client_error_for,
+    error_from_answer,
+    is_retryable,
 )
-from controller_runtime.window import NoReadyEngines
+from controller_runtime.clock import Clock, RealClock
+from controller_runtime.errors import ControllerError
 
 log = logging.getLogger(__name__)
 
@@ -65,80 +94,47 @@ KV_TAGS: tuple[MemoryTag, ...] = (MemoryTag.kv_cache, MemoryTag.cuda_graph)
 
 M = TypeVar("M", bound=BaseModel)
 
-
-# -- errors --------------------------------------------------------------------------------
-
-
-class ControllerAPIError(ControllerError):
-    """The controller API answered an error; `status` is the HTTP status, `reason` the server's word for it."""
-
-    def __init__(self, status: int, reason: str, message: str) -> None:
-        super().__init__(f"controller API {status} {reason}: {message}")
-        self.status = status
-        self.reason = reason
-
-
-class ControllerUnauthorized(ControllerAPIError):
-    """401/403: the token is missing, invalid, or lacks `update` on rljobs/control."""
-
-
-class ControllerNotFound(ControllerAPIError):
-    """404: no such RLJob (or no controller for it yet)."""
-
-
-class ControllerUnavailable(ControllerAPIError):
-    """503 past the retry deadline, or the operator could not be reached at all."""
-
-
-class ControllerLockHeld(ControllerAPIError, LockHeld):
-    """Another weight-update window is open."""
-
-
-class ControllerSnapshotMismatch(ControllerAPIError, SnapshotMismatch):
-    """end/abort named a snapshot that is not the open window's."""
-
-
-class ControllerWeightCheckMismatch(ControllerAPIError, WeightCheckMismatch):
-    """The weight check after an update failed."""
-
-    def __init__(self, status: int, reason: str, message: str) -> None:
-        ControllerAPIError.__init__(self, status, reason, message)
-        self.mismatched: dict[str, list[str]] = {}
-
-
-class ControllerPinViolation(ControllerAPIError, PinViolation):
-    """An eval engine does not serve the pinned version."""
-
-
-class ControllerNoReadyEngines(ControllerAPIError, NoReadyEngines):
-    """start_update_weights found no engine that can take weights (all starting or restarting)."""
-
-
-_BY_REASON: dict[str, type[ControllerAPIError]] = {
-    "LockHeld": ControllerLockHeld,
-    "SnapshotMismatch": ControllerSnapshotMismatch,
-    "WeightCheckMismatch": ControllerWeightCheckMismatch,
-    "WeightCheckFailed": ControllerWeightCheckMismatch,
-    "NoReadyEngines": ControllerNoReadyEngines,
-    "PinViolation": ControllerPinViolation,
-}
-_BY_STATUS: dict[int, type[ControllerAPIError]] = {
-    401: ControllerUnauthorized,
-    403: ControllerUnauthorized,
-    404: ControllerNotFound,
-    409: ControllerLockHeld,
-    503: ControllerUnavailable,
-}
+# The error classes live with the error table (controller_runtime.api.wire_errors); these
+# names are what trainers have always imported from here.
+__all__ = [
+    "KV_TAGS", "SERVICE_ACCOUNT_TOKEN", "WEIGHT_TAGS",
+    "ControllerAPIError", "ControllerBadRequest", "ControllerClient", "ControllerConflict", "ControllerEngineError",
+    "ControllerEngineTimeout", "ControllerForbidden", "ControllerInternalError", "ControllerJobFinished",
+    "ControllerJobNotFound", "ControllerJobSuspended", "ControllerLockHeld", "ControllerMethodNotAllowed",
+    "ControllerNoReadyEngines", "ControllerNotFound", "ControllerNotLeader", "ControllerNotWatched",
+    "ControllerPinViolation", "ControllerReviewUnavailable", "ControllerSnapshotMismatch", "ControllerStarting",
+    "ControllerUnauthenticated", "ControllerUnauthorized", "ControllerUnavailable", "ControllerUnknownVerb",
+    "ControllerWeightCheckMismatch", "InferenceControllerClient", "LocalControllerClient", "MemoryChangeFailed",
+    "WeightUpdateWindow", "api_error", "cells_response", "default_holder", "eval_response", "retry_after",
+    "window_response",
+]
 
 
 def api_error(status: int, body: str) -> ControllerAPIError:
-    """The typed error for an error answer: by the server's `reason` first, then by status."""
-    reason, message = f"HTTP{status}", body[:500]
-    with contextlib.suppress(ValidationError, ValueError):
-        err = ErrorResponse.model_validate_json(body)
-        reason, message = err.reason, err.error
-    cls = _BY_REASON.get(reason) or _BY_STATUS.get(status) or ControllerAPIError
-    return cls(status, reason, message)
+    """The typed error for an error answer (the error table's row for its reason)."""
+    return error_from_answer(status, body)
+
+
+class MemoryChangeFailed(ControllerError):
+    """offload/onload answered, but some engines refused: `change.failed` says which and why.
+
+    Raised rather than returned quietly because the caller's next step depends on the memory
+    having moved: a colocated trainer allocates the GPU memory an engine was asked to
+    release. The answer rides along (`change`), so a caller that can live with it catches
+    this and goes on with `change.changed`.
+    """
+
+    def __init__(self, verb: str, change: MemoryChangeResponse) -> None:
+        failed = "; ".join(f"{cell}: {why}" for cell, why in sorted(change.failed.items()))
+        super().__init__(f"{verb} failed on {len(change.failed)} cell(s): {failed}")
+        self.verb = verb
+        self.change = change
+
+
+def _checked(verb: str, change: MemoryChangeResponse) -> MemoryChangeResponse:
+    if change.failed:
+        raise MemoryChangeFailed(verb, change)
+    return change
 
 
 # -- the window ----------------------------------------------------------------------------
@@ -159,31 +155,18 @@ class WeightUpdateWindow:
         return cls(engines=list(resp.engines), snapshot=dict(resp.snapshot), lock=resp.lock, weight_version=weight_version)
 
 
-def window_response(window: Any) -> UpdateWindowResponse:
-    """controller_runtime.window.UpdateWindow -> the wire model (the controller names a cell `name`, the wire `cell`)."""
-    return UpdateWindowResponse(
-        engines=[
-            EngineEndpoint(cell=e.name, endpoint=e.endpoint, gpu_count=e.gpu_count, gpu_offset=e.gpu_offset,
-                           generation=e.generation)
-            for e in window.engines
-        ],
-        snapshot=dict(window.snapshot),
-        lock=window.lock,
-    )
-
-
 class ControllerClient(Protocol):
     """What a trainer may ask of the InferenceController (miles' controller API)."""
 
     async def prepare_rollout(self, rollout_id: int) -> None: ...
 
-    async def offload(self, tags: Sequence[MemoryTag] | None = None) -> None: ...
+    async def offload(self, tags: Sequence[MemoryTag] | None = None) -> MemoryChangeResponse: ...
 
-    async def onload(self, tags: Sequence[MemoryTag] | None = None) -> None: ...
+    async def onload(self, tags: Sequence[MemoryTag] | None = None) -> MemoryChangeResponse: ...
 
-    async def onload_weights(self) -> None: ...
+    async def onload_weights(self) -> MemoryChangeResponse: ...
 
-    async def onload_kv(self) -> None: ...
+    async def onload_kv(self) -> MemoryChangeResponse: ...
 
     async def cells(self) -> CellsResponse: ...
 
@@ -202,28 +185,57 @@ class ControllerClient(Protocol):
     async def close(self) -> None: ...
 
 
-class _WindowMixin:
-    """`update_weights()` and the onload shortcuts on top of the primitive calls."""
+class _VerbClient:
+    """Every verb of `controller_runtime.api.verbs.VERBS` on top of one transport call, `_call`.
+
+    The two clients differ only in `_call` (over HTTP, or straight into a controller in this
+    process); both answer with the verb's response model and raise the error table's classes,
+    so a trainer cannot come to rely on anything one transport gives and the other does not.
+    """
 
     holder: str
 
-    async def start_update_weights(self, holder: str) -> UpdateWindowResponse:
+    async def _call(self, verb: str, request: ApiModel | None) -> ApiModel:
         raise NotImplementedError
+
+    async def _answer(self, verb: str, request: ApiModel | None, reply: type[M]) -> M:
+        out = await self._call(verb, request)
+        if not isinstance(out, reply):
+            raise ControllerAPIError(0, BAD_RESPONSE, f"{verb}: answered {type(out).__name__}, not {reply.__name__}")
+        return out
+
+    async def prepare_rollout(self, rollout_id: int) -> None:
+        await self._call("prepare_rollout", PrepareRolloutRequest(rollout_id=rollout_id))
+
+    async def offload(self, tags: Sequence[MemoryTag] | None = None) -> MemoryChangeResponse:
+        """Default tags: all of them, as the wire's TagsRequest defaults. Raises MemoryChangeFailed if an engine refused."""
+        return _checked("offload", await self._answer("offload", _tags(tags), MemoryChangeResponse))
+
+    async def onload(self, tags: Sequence[MemoryTag] | None = None) -> MemoryChangeResponse:
+        """Raises MemoryChangeFailed if an engine refused (that cell stays offloaded)."""
+        return _checked("onload", await self._answer("onload", _tags(tags), MemoryChangeResponse))
+
+    async def onload_weights(self) -> MemoryChangeResponse:
+        return await self.onload(WEIGHT_TAGS)
+
+    async def onload_kv(self) -> MemoryChangeResponse:
+        return await self.onload(KV_TAGS)
+
+    async def cells(self) -> CellsResponse:
+        return await self._answer("cells", None, CellsResponse)
+
+    async def eval_fleet(self) -> EvalFleetResponse:
+        return await self._answer("eval_fleet", None, EvalFleetResponse)
+
+    async def start_update_weights(self, holder: str) -> UpdateWindowResponse:
+        return await self._answer("start_update_weights", StartUpdateRequest(holder=holder), UpdateWindowResponse)
 
     async def end_update_weights(self, snapshot: dict[str, int], weight_version: str | None = None) -> None:
-        raise NotImplementedError
+        await self._call("end_update_weights", EndUpdateRequest(snapshot=snapshot, weight_version=weight_version))
 
     async def abort_update_weights(self, snapshot: dict[str, int]) -> list[str]:
-        raise NotImplementedError
-
-    async def onload(self, tags: Sequence[MemoryTag] | None = None) -> None:
-        raise NotImplementedError
-
-    async def onload_weights(self) -> None:
-        await self.onload(WEIGHT_TAGS)
-
-    async def onload_kv(self) -> None:
-        await self.onload(KV_TAGS)
+        resp = await self._answer("abort_update_weights", AbortUpdateRequest(snapshot=snapshot), AbortUpdateResponse)
+        return list(resp.stopped)
 
     @contextlib.asynccontextmanager
     async def update_weights(
@@ -253,7 +265,7 @@ def default_holder() -> str:
     return os.environ.get("POD_NAME") or os.environ.get("HOSTNAME") or f"trainer-{os.getpid()}"
 
 
-class InferenceControllerClient(_WindowMixin):
+class InferenceControllerClient(_VerbClient):
     """Async client of the operator's controller API for one RLJob.
 
     Authenticates with a bearer token: `token` if given, else the pod's ServiceAccount token
@@ -317,63 +329,37 @@ class InferenceControllerClient(_WindowMixin):
             self._owns_session = True
         return self._session
 
-    async def _call(self, method: str, verb: str, body: BaseModel | None, reply: type[M] | None) -> M | None:
+    async def _call(self, verb: str, request: ApiModel | None) -> ApiModel:
+        spec = VERBS[verb]
         url = self.base_url + job_path(self.namespace, self.name, verb)
-        payload = body.model_dump(by_alias=True, mode="json", exclude_none=True) if body is not None else None
+        payload = request.model_dump(by_alias=True, mode="json", exclude_none=True) if request is not None else None
         deadline = self._clock.now() + self._retry_timeout
         while True:
             try:
                 async with self._client().request(
-                    method, url, json=payload, headers=self._headers(),
+                    spec.method, url, json=payload, headers=self._headers(),
                     timeout=aiohttp.ClientTimeout(total=self._timeout),
                 ) as resp:
                     text = await resp.text()
                     if resp.status < 300:
-                        if reply is None:
-                            return None
                         try:
-                            return reply.model_validate_json(text)
+                            return spec.response.model_validate_json(text)
                         except ValidationError as exc:
-                            raise ControllerAPIError(resp.status, "BadResponse", f"{verb}: {exc}") from exc
-                    err = api_error(resp.status, text)
+                            raise ControllerAPIError(resp.status, BAD_RESPONSE, f"{verb}: {exc}") from exc
+                    err = error_from_answer(resp.status, text, resp.headers.get("Retry-After"))
                     delay = retry_after(resp.headers.get("Retry-After"), text)
             except aiohttp.ClientConnectorError as exc:
                 # Nothing reached the server: safe to retry any verb.
-                err = ControllerUnavailable(0, "Unreachable", f"{url}: {exc}")
+                err = ControllerUnavailable(0, UNREACHABLE, f"{url}: {exc}")
                 delay = 1.0
             except TimeoutError as exc:
-                raise ControllerUnavailable(0, "Timeout", f"{verb}: no answer within {self._timeout}s") from exc
-            if not isinstance(err, ControllerUnavailable):
+                raise ControllerUnavailable(0, TIMEOUT, f"{verb}: no answer within {self._timeout}s") from exc
+            if not is_retryable(err):
                 raise err
             delay = min(max(delay, 0.05), self._max_retry_delay)
             if self._clock.now() + delay > deadline:
                 raise err
             await self._clock.sleep(delay)
-
-    async def prepare_rollout(self, rollout_id: int) -> None:
-        await self._call("POST", "prepare_rollout", PrepareRolloutRequest(rollout_id=rollout_id), None)
-
-    async def offload(self, tags: Sequence[MemoryTag] | None = None) -> None:
-        await self._call("POST", "offload", _tags(tags), None)
-
-    async def onload(self, tags: Sequence[MemoryTag] | None = None) -> None:
-        await self._call("POST", "onload", _tags(tags), None)
-
-    async def cells(self) -> CellsResponse:
-        return await self._call("GET", "cells", None, CellsResponse)  # type: ignore[return-value]
-
-    async def eval_fleet(self) -> EvalFleetResponse:
-        return await self._call("POST", "eval_fleet", None, EvalFleetResponse)  # type: ignore[return-value]
-
-    async def start_update_weights(self, holder: str) -> UpdateWindowResponse:
-        return await self._call("POST", "start_update_weights", StartUpdateRequest(holder=holder), UpdateWindowResponse)  # type: ignore[return-value]
-
-    async def end_update_weights(self, snapshot: dict[str, int], weight_version: str | None = None) -> None:
-        await self._call("POST", "end_update_weights", EndUpdateRequest(snapshot=snapshot, weight_version=weight_version), None)
-
-    async def abort_update_weights(self, snapshot: dict[str, int]) -> list[str]:
-        resp = await self._call("POST", "abort_update_weights", AbortUpdateRequest(snapshot=snapshot), AbortUpdateResponse)
-        return list(resp.stopped) if resp is not None else []
 
     async def close(self) -> None:
         if self._session is not None and self._owns_session:
@@ -400,65 +386,23 @@ def retry_after(header: str | None, body: str) -> float:
 # -- in-process ------------------------------------------------------------------------------
 
 
-class LocalControllerClient(_WindowMixin):
+class LocalControllerClient(_VerbClient):
     """The same calls against an InferenceController in this process (local mode).
 
-    Results go through the same wire models as over HTTP, so the trainer cannot come to rely
-    on anything the HTTP API does not give it.
+    Each call goes through the verb table's controller call, and each failure through the
+    error table (as if it had crossed the wire), so the trainer sees the same answers and
+    the same exception classes as over HTTP.
     """
 
     def __init__(self, controller: Any, holder: str = "local-trainer") -> None:
         self.controller = controller
         self.holder = holder
 
-    async def prepare_rollout(self, rollout_id: int) -> None:
-        await self.controller.prepare_rollout(rollout_id)
-
-    async def offload(self, tags: Sequence[MemoryTag] | None = None) -> None:
-        """Default tags: all of them, as the wire's TagsRequest defaults."""
-        await self.controller.offload(_tags(tags).tags)
-
-    async def onload(self, tags: Sequence[MemoryTag] | None = None) -> None:
-        await self.controller.onload(_tags(tags).tags)
-
-    async def cells(self) -> CellsResponse:
-        return cells_response(self.controller)
-
-    async def eval_fleet(self) -> EvalFleetResponse:
-        fleet = getattr(self.controller, "eval_fleet", None)
-        if fleet is None:
-            return EvalFleetResponse(skip_reason="not_configured")
-        result = await fleet()
-        data = result.to_dict() if hasattr(result, "to_dict") else dict(result)
-        return EvalFleetResponse(
-            endpoints=list(data.get("endpoints") or []),
-            pinned_version=data.get("pinned_version"),
-            checkpoint=data.get("checkpoint"),
-            ok=bool(data.get("ok")),
-            skip_reason=data.get("skip_reason"),
-        )
-
-    async def start_update_weights(self, holder: str) -> UpdateWindowResponse:
-        return window_response(await self.controller.start_update_weights(holder))
-
-    async def end_update_weights(self, snapshot: dict[str, int], weight_version: str | None = None) -> None:
-        await self.controller.end_update_weights(snapshot, weight_version)
-
-    async def abort_update_weights(self, snapshot: dict[str, int]) -> list[str]:
-        return list(await self.controller.abort_update_weights(snapshot))
+    async def _call(self, verb: str, request: ApiModel | None) -> ApiModel:
+        try:
+            return await VERBS[verb].call(self.controller, request)
+        except Exception as exc:
+            raise client_error_for(exc) from exc
 
     async def close(self) -> None:
         """The controller belongs to whoever made it; nothing to close here."""
-
-
-def cells_response(controller: Any) -> CellsResponse:
-    """The `cells` answer from a controller's read-only views (shared by local mode and test servers)."""
-    patch = controller.status_patch()
-    lock = patch.get("lock")
-    return CellsResponse(
-        engines=list(controller.engine_statuses()),
-        weight_version=patch.get("weightVersion"),
-        rollout_id=patch.get("rolloutId"),
-        serving_endpoints=list(controller.serving_endpoints()),
-        lock=LockStatus.model_validate(lock) if lock else None,
-    )

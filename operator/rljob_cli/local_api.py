@@ -9,36 +9,30 @@ shares the runner's event loop and calls the controller directly (LocalControlle
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
-from pydantic import BaseModel, ValidationError
-from rljob_client.controller_client import cells_response, window_response
 
-from controller_runtime.api.control import (
-    API_PREFIX,
-    AbortUpdateRequest,
-    AbortUpdateResponse,
-    EndUpdateRequest,
-    ErrorResponse,
-    EvalFleetResponse,
-    PrepareRolloutRequest,
-    StartUpdateRequest,
-    TagsRequest,
+from controller_runtime.api.control import API_PREFIX
+from controller_runtime.api.verbs import decode_body, dispatch, verb_for
+from controller_runtime.api.wire_errors import (
+    ControllerJobNotFound,
+    ControllerUnauthenticated,
+    answer_for,
+    refusal,
 )
-from controller_runtime.errors import ControllerError, LockHeld, SnapshotMismatch
 from rljob_cli.vllm_process import free_port
 
 ROUTE = API_PREFIX + "/namespaces/{namespace}/rljobs/{name}/{verb}"
 
 
-def error(status: int, reason: str, message: str) -> web.Response:
-    body = ErrorResponse(error=message, reason=reason).to_wire()
-    return web.Response(status=status, text=json.dumps(body), content_type="application/json")
+def error_response(exc: BaseException) -> web.Response:
+    """The error table's answer, exactly as the operator's server gives it."""
+    answer = answer_for(exc)
+    return web.json_response(answer.body.to_wire(), status=answer.status, headers=answer.headers or None)
 
 
 class LocalControlAPI:
@@ -71,44 +65,18 @@ class LocalControlAPI:
             self._runner = None
 
     async def handle(self, request: web.Request) -> web.Response:
+        try:
+            return await self._serve(request)
+        except Exception as exc:  # every failure is the table's answer, as on the cluster
+            return error_response(exc)
+
+    async def _serve(self, request: web.Request) -> web.Response:
         if request.headers.get("Authorization") != f"Bearer {self.token}":
-            return error(401, "Unauthorized", "missing or wrong bearer token")
+            raise refusal(ControllerUnauthenticated, "missing or wrong bearer token")
         info = request.match_info
         if (info["namespace"], info["name"]) != (self.namespace, self.job):
-            return error(404, "JobNotFound", f"RLJob {info['namespace']}/{info['name']} is not run here")
-        try:
-            body = await request.json() if request.can_read_body else {}
-            out = await self.serve(info["verb"], body)
-        except ValidationError as exc:
-            return error(400, "BadRequest", str(exc))
-        except (LockHeld, SnapshotMismatch) as exc:
-            return error(409, type(exc).__name__, str(exc))
-        except ControllerError as exc:
-            return error(409, type(exc).__name__, str(exc))
-        except KeyError as exc:
-            return error(404, "UnknownVerb", str(exc))
+            raise refusal(ControllerJobNotFound, f"RLJob {info['namespace']}/{info['name']} is not run here")
+        verb = verb_for(info["verb"], request.method)
+        body = decode_body(await request.text()) if request.method != "GET" and request.can_read_body else {}
+        out = await dispatch(verb, self.controller, body)
         return web.json_response(out.to_wire())
-
-    async def serve(self, verb: str, body: dict[str, Any]) -> BaseModel:
-        c = self.controller
-        if verb == "cells":
-            return cells_response(c)
-        if verb == "eval_fleet":
-            return EvalFleetResponse(ok=False, skip_reason="not_configured")
-        if verb == "prepare_rollout":
-            await c.prepare_rollout(PrepareRolloutRequest.model_validate(body).rollout_id)
-        elif verb == "offload":
-            await c.offload(TagsRequest.model_validate(body).tags)
-        elif verb == "onload":
-            await c.onload(TagsRequest.model_validate(body).tags)
-        elif verb == "start_update_weights":
-            return window_response(await c.start_update_weights(StartUpdateRequest.model_validate(body).holder))
-        elif verb == "end_update_weights":
-            req = EndUpdateRequest.model_validate(body)
-            await c.end_update_weights(req.snapshot, req.weight_version)
-        elif verb == "abort_update_weights":
-            stopped = await c.abort_update_weights(AbortUpdateRequest.model_validate(body).snapshot)
-            return AbortUpdateResponse(stopped=list(stopped))
-        else:
-            raise KeyError(f"unknown verb {verb!r}")
-        return cells_response(c)

@@ -1,6 +1,7 @@
 """The controller API: the trainer side drives a job's InferenceController over HTTP.
 
-Paths and bodies are `controller_runtime.api.control` (shared with the client). Every call
+Verbs and error answers are the tables in `controller_runtime.api` (`verbs`, `wire_errors`),
+shared with local mode's server and the clients. Every call
 is checked in this order: this replica leads (else 503 + Retry-After, so a client retries
 against the Service until it reaches the leader), the caller is authenticated and
 authorized (401 / 403), the job has a running controller here (404, or 503 while its daemon
@@ -10,112 +11,67 @@ RLJob `status` *before* the answer goes out, so a failover never loses an acknow
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
-from pydantic import BaseModel, ValidationError
 
-from controller_runtime.api.control import (
-    API_PREFIX,
-    AbortUpdateRequest,
-    AbortUpdateResponse,
-    CellsResponse,
-    EndUpdateRequest,
-    EngineEndpoint,
-    ErrorResponse,
-    EvalFleetResponse,
-    PrepareRolloutRequest,
-    StartUpdateRequest,
-    TagsRequest,
-    UpdateWindowResponse,
+from controller_runtime.api.base import ApiModel
+from controller_runtime.api.control import API_PREFIX, UpdateWindowResponse
+from controller_runtime.api.verbs import (
+    Verb,
+    cells_response,
+    decode_body,
+    dispatch,
+    eval_response,
+    verb_for,
+    window_response,
+)
+from controller_runtime.api.wire_errors import (
+    ControllerAPIError,
+    ControllerForbidden,
+    ControllerJobFinished,
+    ControllerJobNotFound,
+    ControllerJobSuspended,
+    ControllerNotLeader,
+    ControllerNotWatched,
+    ControllerReviewUnavailable,
+    ControllerStarting,
+    ControllerUnauthenticated,
+    answer_for,
+    refusal,
 )
 from controller_runtime.clock import parse_iso
-from controller_runtime.errors import (
-    ControllerError,
-    EngineError,
-    EngineTimeout,
-    LockHeld,
-    SnapshotMismatch,
-    WeightCheckMismatch,
-)
-from rljob_operator.auth import Authorizer
+from rljob_operator.auth import Authorizer, Decision
 from rljob_operator.metrics import Metrics
 from rljob_operator.registry import JobHandle, JobRegistry
 
 log = logging.getLogger(__name__)
 
 JOB_ROUTE = API_PREFIX + "/namespaces/{namespace}/rljobs/{name}/{verb}"
-RETRY_AFTER_S = 2
+
+# The authorizer's refusals by status; their reasons are the table's (a test checks both agree).
+_DENIED: dict[int, type[ControllerAPIError]] = {
+    401: ControllerUnauthenticated,
+    403: ControllerForbidden,
+    503: ControllerReviewUnavailable,
+}
+
+__all__ = ["JOB_ROUTE", "ControlServer", "cells_response", "error_response", "eval_response", "ops_app",
+           "window_response"]
 
 
-class ApiError(Exception):
-    def __init__(self, status: int, reason: str, message: str, retry_after: float | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.reason = reason
-        self.message = message
-        self.retry_after = retry_after
-
-    def response(self) -> web.Response:
-        body = ErrorResponse(error=self.message, reason=self.reason, retry_after_seconds=self.retry_after)
-        headers = {"Retry-After": str(max(1, round(self.retry_after)))} if self.retry_after is not None else None
-        return web.json_response(body.to_wire(), status=self.status, headers=headers)
+def error_response(exc: BaseException) -> web.Response:
+    """Any failure as the error table's answer (one place maps exceptions to HTTP, for both servers)."""
+    answer = answer_for(exc)
+    return web.json_response(answer.body.to_wire(), status=answer.status, headers=answer.headers or None)
 
 
-def error_for(exc: BaseException) -> ApiError:
-    """Map controller failures to HTTP answers a client can act on."""
-    if isinstance(exc, ApiError):
-        return exc
-    if isinstance(exc, ValidationError):
-        return ApiError(400, "BadRequest", str(exc))
-    if isinstance(exc, LockHeld):
-        return ApiError(409, "LockHeld", str(exc), retry_after=RETRY_AFTER_S)
-    if isinstance(exc, SnapshotMismatch):
-        return ApiError(409, "SnapshotMismatch", str(exc))
-    if isinstance(exc, WeightCheckMismatch):
-        return ApiError(409, "WeightCheckFailed", str(exc))
-    if isinstance(exc, EngineTimeout | TimeoutError):
-        return ApiError(504, "EngineTimeout", str(exc))
-    if isinstance(exc, EngineError):
-        return ApiError(502, "EngineError", str(exc))
-    if isinstance(exc, ControllerError):
-        return ApiError(409, type(exc).__name__, str(exc))
-    return ApiError(500, "InternalError", f"{type(exc).__name__}: {exc}")
-
-
-def cells_response(controller: Any) -> CellsResponse:
-    patch = controller.status_patch()
-    return CellsResponse(
-        engines=controller.engine_statuses(),
-        weight_version=patch.get("weightVersion"),
-        rollout_id=patch.get("rolloutId"),
-        serving_endpoints=list(controller.serving_endpoints()),
-        lock=patch.get("lock"),
-    )
-
-
-def window_response(window: Any) -> UpdateWindowResponse:
-    return UpdateWindowResponse(
-        engines=[
-            EngineEndpoint(
-                cell=e.name, endpoint=e.endpoint, gpu_count=e.gpu_count, gpu_offset=e.gpu_offset, generation=e.generation
-            )
-            for e in window.engines
-        ],
-        snapshot=dict(window.snapshot),
-        lock=window.lock,
-    )
-
-
-def eval_response(fleet: Any) -> EvalFleetResponse:
-    if fleet is None:
-        return EvalFleetResponse(ok=False, skip_reason="not_configured")
-    data = fleet.to_dict() if hasattr(fleet, "to_dict") else dict(fleet)
-    return EvalFleetResponse.model_validate(data)
+def denied(decision: Decision) -> ControllerAPIError:
+    cls = _DENIED.get(decision.http_status, ControllerForbidden)
+    return refusal(cls, decision.message)
 
 
 class ControlServer:
@@ -151,131 +107,64 @@ class ControlServer:
         try:
             resp = await self._serve(request, verb)
         except Exception as e:  # every failure becomes a JSON error with a reason
-            err = error_for(e)
-            if err.status >= 500 and err.status != 503:
-                log.warning("controller API %s failed: %s", verb, err.message, extra={"verb": verb, "status": err.status})
-            resp = err.response()
+            resp = error_response(e)
+            if resp.status >= 500 and resp.status != 503:
+                log.warning("controller API %s failed: %s", verb, e, extra={"verb": verb, "status": resp.status})
         self.metrics.api_calls.labels(verb, str(resp.status)).inc()
         self.metrics.api_seconds.labels(verb).observe(time.perf_counter() - started)
         return resp
 
-    async def _serve(self, request: web.Request, verb: str) -> web.Response:
-        ns, name = request.match_info["namespace"], request.match_info["name"]
-        handler = self._verbs().get(verb)
-        if handler is None:
-            raise ApiError(404, "UnknownVerb", f"unknown verb {verb!r}; one of {sorted(self._verbs())}")
-        method, fn = handler
-        if request.method != method and not (verb == "eval_fleet"):
-            raise ApiError(405, "MethodNotAllowed", f"{verb} takes {method}")
+    async def _serve(self, request: web.Request, name: str) -> web.Response:
+        ns, job = request.match_info["namespace"], request.match_info["name"]
+        verb = verb_for(name, request.method)
         if not self.is_leader():
             leader = self.leader_name()
             where = f" (leader: {leader})" if leader else ""
-            raise ApiError(503, "NotLeader", f"this operator replica is a standby{where}; retry", retry_after=RETRY_AFTER_S)
-        decision = await self.authorizer.authorize(request.headers.get("Authorization"), ns, name)
+            raise refusal(ControllerNotLeader, f"this operator replica is a standby{where}; retry")
+        decision = await self.authorizer.authorize(request.headers.get("Authorization"), ns, job)
         if not decision.allowed:
-            retry = RETRY_AFTER_S if decision.http_status == 503 else None
-            raise ApiError(decision.http_status, decision.reason, decision.message, retry_after=retry)
+            raise denied(decision)
         if not self.watches(ns):
-            raise ApiError(404, "NotWatched", f"this operator does not watch namespace {ns!r}")
-        handle = self.registry.get(ns, name)
+            raise refusal(ControllerNotWatched, f"this operator does not watch namespace {ns!r}")
+        handle = self.registry.get(ns, job)
         if handle is None:
-            raise await self._no_controller(ns, name)
-        body = await self._body(request)
-        out = await fn(handle, body)
-        return web.json_response(out.to_wire() if isinstance(out, BaseModel) else out)
+            raise await self._no_controller(ns, job)
+        body = decode_body(await request.text()) if request.method != "GET" and request.can_read_body else {}
+        out = await self.run_verb(verb, handle, body)
+        return web.json_response(out.to_wire())
 
-    async def _no_controller(self, ns: str, name: str) -> ApiError:
+    async def _no_controller(self, ns: str, name: str) -> ControllerAPIError:
         """Why a job has no running controller here, as an answer the client can act on."""
         job = await self.job_exists(ns, name) if self.job_exists is not None else None
         if job is None:
-            return ApiError(404, "JobNotFound", f"RLJob {ns}/{name} not found")
+            return refusal(ControllerJobNotFound, f"RLJob {ns}/{name} not found")
         phase = (job.get("status") or {}).get("phase")
         if (job.get("spec") or {}).get("suspend"):
-            return ApiError(409, "Suspended", f"RLJob {ns}/{name} is suspended (spec.suspend); its engines are stopped")
+            return refusal(ControllerJobSuspended,
+                           f"RLJob {ns}/{name} is suspended (spec.suspend); its engines are stopped")
         if phase in ("Succeeded", "Failed"):
-            return ApiError(409, "Finished", f"RLJob {ns}/{name} has {phase.lower()}; its engines are stopped")
-        return ApiError(503, "ControllerStarting", f"the controller of {ns}/{name} is starting", retry_after=1)
+            return refusal(ControllerJobFinished, f"RLJob {ns}/{name} has {phase.lower()}; its engines are stopped")
+        return refusal(ControllerStarting, f"the controller of {ns}/{name} is starting")
 
-    @staticmethod
-    async def _body(request: web.Request) -> dict[str, Any]:
-        if request.method == "GET" or not request.can_read_body:
-            return {}
+    async def run_verb(self, verb: Verb, job: JobHandle, body: dict[str, Any]) -> ApiModel:
+        """The table's call, then the effect written into status before the answer goes out."""
+        lock_before = (job.controller.status_patch().get("lock") or {}) if verb.name == "end_update_weights" else {}
+        out = await dispatch(verb, job.controller, body)
+        if not verb.writes_status:
+            return out
         try:
-            data = await request.json()
-        except json.JSONDecodeError as e:
-            raise ApiError(400, "BadRequest", f"body is not JSON: {e}") from e
-        if not isinstance(data, dict):
-            raise ApiError(400, "BadRequest", "body must be a JSON object")
-        return data
-
-    def _verbs(self) -> dict[str, tuple[str, Callable[[JobHandle, dict[str, Any]], Awaitable[Any]]]]:
-        return {
-            "prepare_rollout": ("POST", self.prepare_rollout),
-            "offload": ("POST", self.offload),
-            "onload": ("POST", self.onload),
-            "start_update_weights": ("POST", self.start_update_weights),
-            "end_update_weights": ("POST", self.end_update_weights),
-            "abort_update_weights": ("POST", self.abort_update_weights),
-            "cells": ("GET", self.cells),
-            "eval_fleet": ("POST", self.eval_fleet),
-        }
-
-    # ---------------------------------------------------------------- verbs
-    async def prepare_rollout(self, job: JobHandle, body: dict[str, Any]) -> CellsResponse:
-        req = PrepareRolloutRequest.model_validate(body)
-        await job.controller.prepare_rollout(req.rollout_id)
-        await job.publish("prepare_rollout")
-        return cells_response(job.controller)
-
-    async def offload(self, job: JobHandle, body: dict[str, Any]) -> CellsResponse:
-        req = TagsRequest.model_validate(body)
-        await job.controller.offload(req.tags)
-        await job.publish("offload")
-        return cells_response(job.controller)
-
-    async def onload(self, job: JobHandle, body: dict[str, Any]) -> CellsResponse:
-        req = TagsRequest.model_validate(body)
-        await job.controller.onload(req.tags)
-        await job.publish("onload")
-        return cells_response(job.controller)
-
-    async def start_update_weights(self, job: JobHandle, body: dict[str, Any]) -> UpdateWindowResponse:
-        req = StartUpdateRequest.model_validate(body)
-        window = await job.controller.start_update_weights(req.holder)
-        try:
-            await job.publish("start_update_weights")
+            await job.publish(verb.name)
         except Exception:
-            # The lock must be in status before the trainer may push; if that write fails,
-            # give the lock back so nobody pushes into a window a failover would forget.
-            await job.controller.abort_update_weights(window.snapshot)
+            if isinstance(out, UpdateWindowResponse):
+                # The lock must be in status before the trainer may push; if that write fails,
+                # give the lock back so nobody pushes into a window a failover would forget.
+                await job.controller.abort_update_weights(out.snapshot)
             raise
-        return window_response(window)
-
-    async def end_update_weights(self, job: JobHandle, body: dict[str, Any]) -> CellsResponse:
-        req = EndUpdateRequest.model_validate(body)
-        lock = job.controller.status_patch().get("lock") or {}
-        await job.controller.end_update_weights(req.snapshot, weight_version=req.weight_version)
-        await job.publish("end_update_weights")
-        if lock.get("since"):
+        if verb.name == "end_update_weights" and lock_before.get("since"):
             self.metrics.weight_update_seconds.labels(job.namespace, job.name).observe(
-                max(0.0, time.time() - parse_iso(lock["since"]))
+                max(0.0, time.time() - parse_iso(lock_before["since"]))
             )
-        return cells_response(job.controller)
-
-    async def abort_update_weights(self, job: JobHandle, body: dict[str, Any]) -> AbortUpdateResponse:
-        req = AbortUpdateRequest.model_validate(body)
-        stopped = await job.controller.abort_update_weights(req.snapshot)
-        await job.publish("abort_update_weights")
-        return AbortUpdateResponse(stopped=list(stopped or []))
-
-    async def cells(self, job: JobHandle, body: dict[str, Any]) -> CellsResponse:
-        return cells_response(job.controller)
-
-    async def eval_fleet(self, job: JobHandle, body: dict[str, Any]) -> EvalFleetResponse:
-        fn = getattr(job.controller, "eval_fleet", None)
-        if fn is None:
-            return EvalFleetResponse(ok=False, skip_reason="not_configured")
-        return eval_response(await fn())
+        return out
 
 
 def ops_app(metrics: Metrics, healthy: Callable[[], tuple[bool, str]]) -> web.Application:

@@ -1,16 +1,17 @@
 """The trainer's controller client against a real InferenceController, over HTTP and in-process.
 
 The HTTP server here is a small aiohttp app written for this test (the operator's real
-server has its own tests): it maps the wire verbs onto a real InferenceController whose
-platform and engines are the controller_runtime fakes, so what is checked is the client's
-side of the contract (paths, bodies, bearer token, retries, typed errors, the window's
-end/abort discipline) against real controller behaviour.
+server has its own tests): it dispatches through the same verb and error tables as both
+real servers (controller_runtime.api.verbs / wire_errors) onto a real InferenceController
+whose platform and engines are the controller_runtime fakes, and adds what a test needs
+(a bearer token, a standby phase). What is checked is the client's side of the contract
+(paths, bodies, bearer token, retries, typed errors, the window's end/abort discipline)
+against real controller behaviour.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,25 +27,22 @@ from rljob_client.controller_client import (
     ControllerUnavailable,
     InferenceControllerClient,
     LocalControllerClient,
-    cells_response,
-    window_response,
 )
 
-from controller_runtime.api.control import (
-    API_PREFIX,
-    AbortUpdateRequest,
-    AbortUpdateResponse,
-    EndUpdateRequest,
-    ErrorResponse,
-    PrepareRolloutRequest,
-    StartUpdateRequest,
-    TagsRequest,
-)
+from controller_runtime.api.control import API_PREFIX
 from controller_runtime.api.spec import InferenceSpec, MemoryTag
 from controller_runtime.api.status import CellState
+from controller_runtime.api.verbs import decode_body, dispatch, verb_for
+from controller_runtime.api.wire_errors import (
+    ControllerJobNotFound,
+    ControllerNotLeader,
+    ControllerUnauthenticated,
+    answer_for,
+    refusal,
+)
 from controller_runtime.clock import FakeClock
 from controller_runtime.controller import InferenceController
-from controller_runtime.errors import ControllerError, LockHeld, SnapshotMismatch
+from controller_runtime.errors import LockHeld
 from controller_runtime.fakes import FakeEngines, FakePlatform, settle
 
 # Fixtures run in the session loop (pyproject); the tests must share it with their servers.
@@ -56,7 +54,7 @@ JOB, NS = "toy", "team-a"
 
 @dataclass
 class ControlApp:
-    """Routes -> controller; counts requests; can pretend to be a standby replica."""
+    """Routes -> the verb table -> controller; counts requests; can pretend to be a standby replica."""
 
     controller: InferenceController
     standby_answers: int = 0  # answer this many requests with 503 + Retry-After first
@@ -69,49 +67,26 @@ class ControlApp:
         return app
 
     async def handle(self, request: web.Request) -> web.Response:
+        try:
+            return await self.serve(request)
+        except Exception as exc:
+            answer = answer_for(exc)
+            return web.json_response(answer.body.to_wire(), status=answer.status, headers=answer.headers or None)
+
+    async def serve(self, request: web.Request) -> web.Response:
         self.seen_auth.append(request.headers.get("Authorization"))
         if request.headers.get("Authorization") != f"Bearer {TOKEN}":
-            return _error(401, "Unauthorized", "bad token")
+            raise refusal(ControllerUnauthenticated, "bad token")
         if self.standby_answers > 0:
             self.standby_answers -= 1
-            return _error(503, "NotLeader", "standby replica", retry_after=1)
-        ns, name, verb = request.match_info["ns"], request.match_info["name"], request.match_info["verb"]
+            raise refusal(ControllerNotLeader, "standby replica", retry_after=1)
+        ns, name = request.match_info["ns"], request.match_info["name"]
         if (ns, name) != (NS, JOB):
-            return _error(404, "NotFound", f"rljob {ns}/{name} not found")
-        self.seen_verbs.append(verb)
-        body = await request.json() if request.can_read_body else {}
-        c = self.controller
-        try:
-            if verb == "prepare_rollout":
-                await c.prepare_rollout(PrepareRolloutRequest.model_validate(body).rollout_id)
-            elif verb == "offload":
-                await c.offload(TagsRequest.model_validate(body).tags)
-            elif verb == "onload":
-                await c.onload(TagsRequest.model_validate(body).tags)
-            elif verb == "start_update_weights":
-                window = await c.start_update_weights(StartUpdateRequest.model_validate(body).holder)
-                return web.json_response(window_response(window).to_wire())
-            elif verb == "end_update_weights":
-                req = EndUpdateRequest.model_validate(body)
-                await c.end_update_weights(req.snapshot, req.weight_version)
-            elif verb == "abort_update_weights":
-                stopped = await c.abort_update_weights(AbortUpdateRequest.model_validate(body).snapshot)
-                return web.json_response(AbortUpdateResponse(stopped=stopped).to_wire())
-            elif verb != "cells":
-                return _error(404, "NotFound", f"no verb {verb}")
-        except LockHeld as exc:
-            return _error(409, "LockHeld", str(exc), retry_after=2)
-        except SnapshotMismatch as exc:
-            return _error(409, "SnapshotMismatch", str(exc))
-        except ControllerError as exc:
-            return _error(409, type(exc).__name__, str(exc))
-        return web.json_response(cells_response(c).to_wire())
-
-
-def _error(status: int, reason: str, message: str, retry_after: float | None = None) -> web.Response:
-    body = ErrorResponse(error=message, reason=reason, retry_after_seconds=retry_after).to_wire()
-    headers = {"Retry-After": str(int(retry_after))} if retry_after is not None else None
-    return web.Response(status=status, text=json.dumps(body), content_type="application/json", headers=headers)
+            raise refusal(ControllerJobNotFound, f"rljob {ns}/{name} not found")
+        verb = verb_for(request.match_info["verb"], request.method)
+        self.seen_verbs.append(verb.name)
+        body = decode_body(await request.text()) if request.method != "GET" else {}
+        return web.json_response((await dispatch(verb, self.controller, body)).to_wire())
 
 
 @pytest.fixture
