@@ -69,6 +69,16 @@ def cell_name(job: str, index: int) -> str:
     return f"{job}-cell-{index}"
 
 
+def eval_cell_name(job: str, index: int) -> str:
+    """Cell `index` of the eval fleet (spec.inference.eval), deterministic like `cell_name`."""
+    return f"{job}-eval-{index}"
+
+
+def is_eval_cell(job: str, name: str) -> bool:
+    """Whether `name` is an eval-fleet cell of `job`: status keeps only names across restarts."""
+    return name.startswith(f"{job}-eval-")
+
+
 @dataclass
 class Cell:
     """What the controller knows about one engine cell (one incarnation per generation)."""

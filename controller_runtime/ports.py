@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Protocol
 
 from controller_runtime.api.spec import MemoryTag, PauseMode
@@ -56,15 +57,28 @@ class CellObservation:
         return sum(p.restarts for p in self.pods)
 
 
+class CellRole(StrEnum):
+    """Which of the job's fleets a cell belongs to (see `fleet.Fleet`)."""
+
+    policy = "policy"  # takes weight updates, serves rollouts
+    eval = "eval"  # pinned to spec.inference.eval's checkpoint
+
+
 @dataclass(frozen=True)
 class CellRequest:
-    """What the controller asks the platform to create: cell `index` at `generation`."""
+    """What the controller asks the platform to create: cell `index` at `generation`.
+
+    Plain facts only: how a platform marks its objects (Kubernetes labels, process names) is
+    the platform's business, so the operator's manifests turn these fields into labels.
+    `labels` are extra ones the controller's owner asked for, passed through unchanged.
+    """
 
     name: str
     index: int
     generation: int
     pods: int = 1
     labels: dict[str, str] = field(default_factory=dict)
+    role: CellRole = CellRole.policy
 
 
 class Platform(Protocol):
@@ -81,7 +95,7 @@ class Platform(Protocol):
         ...
 
     async def set_serving(self, name: str, serving: bool) -> None:
-        """Mark the cell as a member (or not) of the serving set (the `rljob.io/serving` label)."""
+        """Mark the cell as a member (or not) of the serving set (on Kubernetes, a pod label)."""
         ...
 
 

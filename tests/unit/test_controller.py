@@ -630,16 +630,16 @@ EVAL = EvalFleetSpec(replicas=2, checkpoint="/ckpt/base", weight_version="base")
 async def test_eval_cells_are_pinned_and_kept_out_of_windows_and_serving() -> None:
     h = harness(1, eval=EVAL)
     await bring_up(h)
-    roles = {r.name: r.labels["rljob.io/role"] for r in h.platform.created}
+    roles = {r.name: r.role for r in h.platform.created}
     assert roles == {"demo-cell-0": "policy", "demo-eval-0": "eval", "demo-eval-1": "eval"}
-    assert [c.state for c in h.ctrl._sorted_eval_cells()] == [S.PendingWeights] * 2
+    assert [c.state for c in h.ctrl.fleet.evals()] == [S.PendingWeights] * 2
     window = await h.ctrl.start_update_weights("t")
     assert list(window.snapshot) == ["demo-cell-0"]
     await h.ctrl.end_update_weights(window.snapshot, "1")
 
     fleet = await h.ctrl.eval_fleet()
     assert fleet.ok and fleet.pinned_version == "base" and len(fleet.endpoints) == 2
-    evals = h.ctrl._sorted_eval_cells()
+    evals = h.ctrl.fleet.evals()
     assert [(c.state, c.weight_version) for c in evals] == [(S.Serving, "base")] * 2
     assert h.ctrl.serving_endpoints() == [h.cell(0).endpoint]
     assert h.platform.serving["demo-eval-0"] is False
@@ -670,7 +670,7 @@ async def test_eval_pin_violation_is_reported_and_cells_stay_unpinned() -> None:
     stale.update_weights_from_disk = load_without_version  # type: ignore[method-assign]
     fleet = await h.ctrl.eval_fleet()
     assert (fleet.ok, fleet.skip_reason) == (False, "pin_violation") and "'older'" in fleet.message
-    assert [c.state for c in h.ctrl._sorted_eval_cells()] == [S.PendingWeights] * 2
+    assert [c.state for c in h.ctrl.fleet.evals()] == [S.PendingWeights] * 2
     assert Reason.EvalSkipped in h.reasons()
 
 
