@@ -11,9 +11,9 @@ import json
 import sys
 from typing import Any
 
-from controller_runtime.api import GROUP, KIND, VERSION
 from rljob_operator import crdgen
 from rljob_operator.generated import generator_main
+from rljob_operator.kinds import GROUP, KIND, VERSION
 from rljob_operator.structural import Schema
 
 DOC_PATH = crdgen.REPO_ROOT / "docs" / "api-reference.md"

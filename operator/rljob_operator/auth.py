@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from controller_runtime.clock import Clock, RealClock
+from rljob_operator.kinds import GROUP, PLURAL
 
 log = logging.getLogger(__name__)
 
-GROUP = "rljob.io"
-RESOURCE = "rljobs"
+RESOURCE = PLURAL
 SUBRESOURCE = "control"
 VERB = "update"
 

@@ -30,8 +30,9 @@ from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema, NoDefault
 from pydantic_core import core_schema
 
-from controller_runtime.api import GROUP, KIND, PLURAL, VERSION, RLJobSpec, RLJobStatus
+from controller_runtime.api import RLJobSpec, RLJobStatus
 from rljob_operator.generated import generator_main
+from rljob_operator.kinds import API_VERSION, GROUP, KIND, LIST_KIND, PLURAL, VERSION
 from rljob_operator.structural import Schema, strip_empty
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -39,7 +40,6 @@ CRD_PATH = REPO_ROOT / "crds" / "rljob.yaml"
 REGENERATE = "python -m rljob_operator.crdgen"
 
 SINGULAR = "rljob"
-LIST_KIND = "RLJobList"
 SHORT_NAMES = ["rlj"]
 CATEGORIES = ["rljob"]
 
@@ -213,8 +213,8 @@ def open_api_schema() -> Schema:
         "type": "object",
         "required": ["spec"],
         "properties": {
-            "apiVersion": {"type": "string", "description": "APIVersion of this object: rljob.io/v1alpha1."},
-            "kind": {"type": "string", "description": "Kind of this object: RLJob."},
+            "apiVersion": {"type": "string", "description": f"APIVersion of this object: {API_VERSION}."},
+            "kind": {"type": "string", "description": f"Kind of this object: {KIND}."},
             "metadata": {"type": "object"},
             "spec": spec,
             "status": status,

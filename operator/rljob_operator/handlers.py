@@ -13,23 +13,24 @@ not leader election. As a second guard every pass checks leadership before actin
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
 
 from controller_runtime.ports import Platform
-from rljob_operator.kubeapi import GROUP, PLURAL, VERSION, KubeApi
+from rljob_operator.kinds import GROUP, PLURAL, VERSION
+from rljob_operator.kubeapi import KubeApi
 from rljob_operator.metrics import Metrics
-from rljob_operator.reconcile.health import JobRuntime
+from rljob_operator.reconcile.job_runtime import JobRuntime
 from rljob_operator.registry import JobRegistry
 from rljob_operator.settings import OperatorSettings
 
 log = logging.getLogger(__name__)
 
-FINALIZER = "rljob.io/operator"
-ANNOTATION_PREFIX = "rljob.io"
+FINALIZER = f"{GROUP}/operator"
+ANNOTATION_PREFIX = GROUP
 
 
 @dataclass
@@ -42,7 +43,6 @@ class OperatorContext:
     metrics: Metrics
     is_leader: Callable[[], bool]
     make_platform: Callable[[dict[str, Any]], Platform]
-    apply: Callable[[dict[str, Any]], Awaitable[Any]]
     controller_url: str
     runtimes: dict[tuple[str, str], JobRuntime] = field(default_factory=dict)
 
@@ -93,7 +93,6 @@ async def run_rljob(body: kopf.Body, stopped: kopf.DaemonStopped, memo: Any, **_
         body=body,
         kube=ctx.kube,
         platform=ctx.make_platform(dict(body)),
-        apply=ctx.apply,
         registry=ctx.registry,
         metrics=ctx.metrics,
         controller_url=ctx.controller_url,

@@ -1,9 +1,25 @@
-"""The operator's own Kubernetes calls (status, events, reviews, the Lease), async.
+"""The operator's one way to the Kubernetes API: plain-dict REST calls on one thread pool.
 
-The official client is synchronous; every call runs on a small dedicated thread pool so a
-slow API server never blocks the event loop that also serves probes and the controller API.
-Bodies go out and come back as plain dicts (`_preload_content=False`): our objects are
-described by our pydantic models, not by the client's generated classes.
+Built once per operator process (`main.run_operator`) and handed to everything that talks to
+the API server: the Kubernetes `Platform`, the reconcile steps, the status writer, Events, the
+controller API's access reviews and the leader Lease.
+
+Client library: the official synchronous `kubernetes` client. It handles kubeconfig and
+in-cluster auth, the test cluster's agent and fixtures use it too, and the operator's traffic
+is a handful of calls per reconcile pass, far from what a small thread pool cannot carry;
+`kubernetes_asyncio` would add a second client with its own config loading for no measurable
+gain. Every call runs on this object's own pool, so a slow API server never blocks the event
+loop that also serves probes and the controller API, and every request carries a timeout.
+Requests go through the client's generic `param_serialize` / `call_api` with plain dict bodies
+(no generated model classes): one code path serves pods, Services, Deployments, Jobs, Events,
+Leases, reviews and custom resources (RLJob, RayCluster) alike.
+
+Every failed call raises one error tree (a transport failure has status 0):
+
+    KubeApiError (controller_runtime.errors.ControllerError)   .status .reason .body
+     ├── NotFound    404
+     ├── Conflict    409  AlreadyExists, a moved resourceVersion, a failed precondition
+     └── Invalid     422  the schema refused the object, or an immutable field changed
 """
 
 from __future__ import annotations
@@ -12,23 +28,60 @@ import asyncio
 import functools
 import json
 import uuid
-from collections.abc import Callable
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any
 
+import urllib3
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
-from rljob_operator.leader import LeaseConflict, LeaseRecord
+from controller_runtime.errors import ControllerError
+from rljob_operator.kinds import API_VERSION, KIND, PLURALS
 
-GROUP = "rljob.io"
-VERSION = "v1alpha1"
-PLURAL = "rljobs"
-KIND = "RLJob"
-COMPONENT = "rljob-operator"
+COMPONENT = "rljob-operator"  # Events' source and reporting component
+FIELD_MANAGER = "rljob-operator"  # server-side apply's manager of what the operator owns
+APPLY_PATCH = "application/apply-patch+yaml"
+MERGE_PATCH = "application/merge-patch+json"
 
-T = TypeVar("T")
+
+class KubeApiError(ControllerError):
+    """A Kubernetes API call failed: the answer's HTTP status (0: no answer) and message."""
+
+    def __init__(self, what: str, status: int, reason: str, body: str = "") -> None:
+        detail = _status_message(body) or reason
+        super().__init__(f"{what}: HTTP {status}: {detail}")
+        self.status = status
+        self.reason = reason
+        self.body = body
+
+
+class NotFound(KubeApiError):
+    """404: the object (or its namespace) does not exist."""
+
+
+class Conflict(KubeApiError):
+    """409: it exists already, or someone wrote it first (resourceVersion, precondition)."""
+
+
+class Invalid(KubeApiError):
+    """422: the API server refused the object (schema, CEL rule, immutable field)."""
+
+
+_BY_STATUS: dict[int, type[KubeApiError]] = {404: NotFound, 409: Conflict, 422: Invalid}
+
+
+def api_error(what: str, status: int, reason: str, body: str = "") -> KubeApiError:
+    """The error of the tree that `status` names."""
+    return _BY_STATUS.get(status, KubeApiError)(what, status, reason, body)
+
+
+def _status_message(body: str) -> str:
+    try:
+        return str(json.loads(body).get("message", ""))
+    except (ValueError, AttributeError):
+        return body[:500]
 
 
 def load_api_client(kubeconfig: str | None = None) -> client.ApiClient:
@@ -44,186 +97,183 @@ def load_api_client(kubeconfig: str | None = None) -> client.ApiClient:
     return client.ApiClient(cfg)
 
 
-def micro_time(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+def resource_path(api_version: str, kind: str, namespace: str | None, name: str | None = None) -> str:
+    """REST path of a resource (`/api/v1/...` for the core group, `/apis/<g>/<v>/...` otherwise).
+
+    `namespace=None` names a cluster-scoped resource (TokenReview, SubjectAccessReview).
+    """
+    plural = PLURALS.get(kind) or kind.lower() + "s"
+    base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+    path = f"{base}/namespaces/{namespace}/{plural}" if namespace is not None else f"{base}/{plural}"
+    return f"{path}/{name}" if name else path
 
 
-def parse_time(text: str | None) -> float | None:
-    if not text:
-        return None
-    text = text.replace("Z", "+00:00")
-    return datetime.fromisoformat(text).timestamp()
-
-
-def is_status(e: BaseException, *codes: int) -> bool:
-    return isinstance(e, ApiException) and e.status in codes
+def event_body(involved: Mapping[str, Any], type_: str, reason: str, message: str, now: float, action: str) -> dict[str, Any]:
+    """A core/v1 Event about `involved` (name unique per event, message cut to the API's limit)."""
+    stamp = datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": f"{involved['name']}.{uuid.uuid4().hex[:16]}", "namespace": involved["namespace"]},
+        "involvedObject": dict(involved),
+        "type": type_,
+        "reason": reason,
+        "message": message[:1024],
+        "action": action,
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+        "source": {"component": COMPONENT},
+        "reportingComponent": COMPONENT,
+        "reportingInstance": COMPONENT,
+    }
 
 
 class KubeApi:
-    def __init__(self, api_client: client.ApiClient, threads: int = 8) -> None:
+    """Plain-dict REST calls through the official client, off the event loop."""
+
+    def __init__(self, api_client: client.ApiClient, threads: int = 8, request_timeout: float = 30.0) -> None:
         self.api_client = api_client
-        self.core = client.CoreV1Api(api_client)
-        self.custom = client.CustomObjectsApi(api_client)
-        self.coordination = client.CoordinationV1Api(api_client)
-        self.authn = client.AuthenticationV1Api(api_client)
-        self.authz = client.AuthorizationV1Api(api_client)
-        self.batch = client.BatchV1Api(api_client)
+        self.request_timeout = request_timeout
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kubeapi")
-
-    async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, functools.partial(fn, *args, **kwargs))
-
-    async def raw(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
-        resp = await self.call(fn, *args, _preload_content=False, **kwargs)
-        return json.loads(resp.data or b"{}")
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    # ---------------------------------------------------------------- RLJob
-    async def get_rljob(self, namespace: str, name: str) -> dict[str, Any] | None:
+    # ---------------------------------------------------------------- the one request path
+    def _request(
+        self, method: str, path: str, query: Sequence[tuple[str, str]], body: Any, content_type: str | None
+    ) -> dict[str, Any]:
+        headers = {"Accept": "application/json"}
+        if content_type:
+            headers["Content-Type"] = content_type
+        elif body is not None:
+            headers["Content-Type"] = "application/json"
+        m, url, hdrs, data, post = self.api_client.param_serialize(
+            method=method,
+            resource_path=path,
+            query_params=list(query),
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        resp = self.api_client.call_api(
+            m, url, header_params=hdrs, body=data, post_params=post, _request_timeout=self.request_timeout
+        )
+        resp.read()
+        if not 200 <= resp.status <= 299:
+            raw = resp.data or b""
+            text = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+            raise api_error(f"{method} {path}", resp.status, resp.reason or "", text)
+        return json.loads(resp.data or b"{}")
+
+    async def call(
+        self,
+        method: str,
+        path: str,
+        query: Sequence[tuple[str, str]] = (),
+        body: Any = None,
+        content_type: str | None = None,
+        *,
+        ok: tuple[int, ...] = (),
+    ) -> dict[str, Any] | None:
+        """The response object; None when the status is one of `ok` (e.g. 404 for a delete)."""
+        loop = asyncio.get_running_loop()
         try:
-            return await self.raw(self.custom.get_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name)
-        except ApiException as e:
-            if e.status == 404:
+            return await loop.run_in_executor(
+                self._pool, functools.partial(self._request, method, path, query, body, content_type)
+            )
+        except KubeApiError as e:
+            if e.status in ok:
                 return None
             raise
+        except (ApiException, OSError, urllib3.exceptions.HTTPError) as e:
+            raise api_error(f"{method} {path}", getattr(e, "status", 0) or 0, str(e)) from e
+
+    async def _object(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        """A call that must answer an object (no `ok` statuses)."""
+        result = await self.call(method, path, **kwargs)
+        assert result is not None
+        return result
+
+    async def apply(
+        self, obj: Mapping[str, Any], *, field_manager: str = FIELD_MANAGER, force: bool = True
+    ) -> dict[str, Any]:
+        """Server-side apply `obj` (create or update); returns the object as stored.
+
+        `force=True` takes over fields another manager set (a `kubectl edit` of an owned
+        Service is reverted on the next reconcile): the operator is the owner of what it
+        applies, as controller-runtime's ForceOwnership recommends. Immutable fields (a Job's
+        pod template) still fail: `Invalid` (422), delete and recreate then.
+        """
+        meta = obj.get("metadata") or {}
+        name, namespace = meta.get("name"), meta.get("namespace")
+        if not name or not namespace:
+            raise ValueError("apply needs metadata.name and metadata.namespace")
+        path = resource_path(obj["apiVersion"], obj["kind"], namespace, name)
+        query = [("fieldManager", field_manager)] + ([("force", "true")] if force else [])
+        return await self._object("PATCH", path, query=query, body=dict(obj), content_type=APPLY_PATCH)
+
+    # ---------------------------------------------------------------- RLJob
+    def _rljob_path(self, namespace: str, name: str) -> str:
+        return resource_path(API_VERSION, KIND, namespace, name)
+
+    async def get_rljob(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return await self.call("GET", self._rljob_path(namespace, name), ok=(404,))
 
     async def patch_rljob_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
         """JSON merge patch of the status subresource: lists are replaced, None deletes a key."""
-        return await self.raw(
-            self.custom.patch_namespaced_custom_object_status,
-            GROUP, VERSION, namespace, PLURAL, name, {"status": status},
-        )
+        path = self._rljob_path(namespace, name) + "/status"
+        return await self._object("PATCH", path, body={"status": status}, content_type=MERGE_PATCH)
 
     async def delete_rljob(self, namespace: str, name: str, uid: str | None = None) -> None:
+        """Delete the RLJob (children follow by garbage collection); gone or replaced is success."""
         body: dict[str, Any] = {"propagationPolicy": "Background"}
         if uid:
             body["preconditions"] = {"uid": uid}
-        try:
-            await self.call(self.custom.delete_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name, body=body)
-        except ApiException as e:
-            if e.status not in (404, 409):
-                raise
+        await self.call("DELETE", self._rljob_path(namespace, name), body=body, ok=(404, 409))
 
     # ---------------------------------------------------------------- events
     async def create_event(
         self, involved: dict[str, Any], type_: str, reason: str, message: str, now: float, action: str = "Reconcile"
     ) -> None:
-        ns = involved["namespace"]
-        stamp = datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"name": f"{involved['name']}.{uuid.uuid4().hex[:16]}", "namespace": ns},
-            "involvedObject": involved,
-            "type": type_,
-            "reason": reason,
-            "message": message[:1024],
-            "action": action,
-            "firstTimestamp": stamp,
-            "lastTimestamp": stamp,
-            "count": 1,
-            "source": {"component": COMPONENT},
-            "reportingComponent": COMPONENT,
-            "reportingInstance": COMPONENT,
-        }
-        await self.call(self.core.create_namespaced_event, ns, body)
+        body = event_body(involved, type_, reason, message, now, action)
+        await self.call("POST", resource_path("v1", "Event", involved["namespace"]), body=body)
 
     # ---------------------------------------------------------------- reviews
     async def token_review(self, token: str) -> dict[str, Any]:
-        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}}
-        out = await self.raw(self.authn.create_token_review, body)
+        api_version = "authentication.k8s.io/v1"
+        body = {"apiVersion": api_version, "kind": "TokenReview", "spec": {"token": token}}
+        out = await self._object("POST", resource_path(api_version, "TokenReview", None), body=body)
         return out.get("status", {})
 
     async def subject_access_review(self, spec: dict[str, Any]) -> dict[str, Any]:
-        body = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview", "spec": spec}
-        out = await self.raw(self.authz.create_subject_access_review, body)
+        api_version = "authorization.k8s.io/v1"
+        body = {"apiVersion": api_version, "kind": "SubjectAccessReview", "spec": spec}
+        out = await self._object("POST", resource_path(api_version, "SubjectAccessReview", None), body=body)
         return out.get("status", {})
 
+    # ---------------------------------------------------------------- pods, batch/v1 Job (trainer)
     async def count_pods(self, namespace: str, selector: str) -> int:
         """Pods matching the selector, terminating ones included (they still hold their GPUs)."""
-        out = await self.raw(self.core.list_namespaced_pod, namespace, label_selector=selector)
+        out = await self._object("GET", resource_path("v1", "Pod", namespace), query=[("labelSelector", selector)])
         return len(out.get("items") or [])
 
-    # ---------------------------------------------------------------- batch/v1 Job (trainer)
     async def delete_job(self, namespace: str, name: str) -> None:
         """Delete a Job and (in the background) its pods; 404 is success."""
-        try:
-            await self.raw(self.batch.delete_namespaced_job, name, namespace, propagation_policy="Background")
-        except ApiException as e:
-            if e.status != 404:
-                raise
+        body = {"propagationPolicy": "Background"}
+        await self.call("DELETE", resource_path("batch/v1", "Job", namespace, name), body=body, ok=(404,))
 
     async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            return await self.raw(self.batch.read_namespaced_job, name, namespace)
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise
+        return await self.call("GET", resource_path("batch/v1", "Job", namespace, name), ok=(404,))
 
+    # ---------------------------------------------------------------- coordination.k8s.io/v1 Lease
+    async def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return await self.call("GET", resource_path("coordination.k8s.io/v1", "Lease", namespace, name), ok=(404,))
 
-class KubeLeaseStore:
-    """`LeaseStore` on a coordination.k8s.io/v1 Lease; optimistic concurrency via resourceVersion."""
+    async def create_lease(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        return await self._object("POST", resource_path("coordination.k8s.io/v1", "Lease", namespace), body=body)
 
-    def __init__(self, kube: KubeApi, namespace: str, name: str) -> None:
-        self.kube = kube
-        self.namespace = namespace
-        self.name = name
-
-    @staticmethod
-    def _record(obj: dict[str, Any]) -> LeaseRecord:
-        spec = obj.get("spec") or {}
-        return LeaseRecord(
-            holder=spec.get("holderIdentity") or None,
-            duration_seconds=float(spec.get("leaseDurationSeconds") or 0),
-            acquire_time=parse_time(spec.get("acquireTime")),
-            renew_time=parse_time(spec.get("renewTime")),
-            transitions=int(spec.get("leaseTransitions") or 0),
-        )
-
-    def _body(self, record: LeaseRecord, resource_version: str | None) -> dict[str, Any]:
-        meta: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
-        if resource_version:
-            meta["resourceVersion"] = resource_version
-        spec: dict[str, Any] = {
-            "holderIdentity": record.holder or "",
-            "leaseDurationSeconds": max(1, round(record.duration_seconds)),
-            "leaseTransitions": record.transitions,
-        }
-        if record.acquire_time is not None:
-            spec["acquireTime"] = micro_time(record.acquire_time)
-        if record.renew_time is not None:
-            spec["renewTime"] = micro_time(record.renew_time)
-        return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta, "spec": spec}
-
-    async def get(self) -> tuple[LeaseRecord, str] | None:
-        try:
-            obj = await self.kube.raw(self.kube.coordination.read_namespaced_lease, self.name, self.namespace)
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise
-        return self._record(obj), obj["metadata"]["resourceVersion"]
-
-    async def create(self, record: LeaseRecord) -> str:
-        try:
-            obj = await self.kube.raw(self.kube.coordination.create_namespaced_lease, self.namespace, self._body(record, None))
-        except ApiException as e:
-            if e.status == 409:
-                raise LeaseConflict(str(e.reason)) from e
-            raise
-        return obj["metadata"]["resourceVersion"]
-
-    async def update(self, record: LeaseRecord, resource_version: str) -> str:
-        try:
-            obj = await self.kube.raw(
-                self.kube.coordination.replace_namespaced_lease, self.name, self.namespace, self._body(record, resource_version)
-            )
-        except ApiException as e:
-            if e.status == 409:
-                raise LeaseConflict(str(e.reason)) from e
-            raise
-        return obj["metadata"]["resourceVersion"]
+    async def replace_lease(self, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        path = resource_path("coordination.k8s.io/v1", "Lease", namespace, name)
+        return await self._object("PUT", path, body=body)

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from rljob_operator.kinds import GROUP, RAY_GROUP
 from rljob_operator.names import dns_label
 
-PREFIX = "rljob.io"
+PREFIX = GROUP
 JOB = f"{PREFIX}/job"
 CELL = f"{PREFIX}/cell"
 CELL_INDEX = f"{PREFIX}/cell-index"
@@ -31,6 +32,10 @@ CELL_NAME_ANNOTATION = f"{PREFIX}/cell-name"
 ROLE_ENGINE = "engine"
 ROLE_ROLLOUT = "rollout"
 ROLE_TRAINER = "trainer"
+
+# KubeRay's labels on a RayCluster's pods.
+RAY_CLUSTER = f"{RAY_GROUP}/cluster"
+RAY_NODE_TYPE = f"{RAY_GROUP}/node-type"
 
 # Indexed Job pods carry their index in this annotation (Kubernetes >= 1.28 also as a label).
 JOB_COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"

@@ -20,20 +20,23 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import kopf
 from aiohttp import web
 
+from controller_runtime.ports import Platform
 from rljob_operator import handlers  # noqa: F401  (registers the kopf handlers)
 from rljob_operator.auth import Authorizer
 from rljob_operator.controller_api import ControlServer, ops_app
 from rljob_operator.handlers import OperatorContext, kopf_settings
-from rljob_operator.kubeapi import KubeApi, KubeLeaseStore, load_api_client
+from rljob_operator.kubeapi import KubeApi, load_api_client
 from rljob_operator.leader import LeaderElector
+from rljob_operator.lease_store import KubeLeaseStore
 from rljob_operator.logging import configure_logging
 from rljob_operator.metrics import Metrics
+from rljob_operator.platform import KubernetesPlatform
 from rljob_operator.registry import JobRegistry
 from rljob_operator.settings import OperatorSettings, load_settings
 
@@ -50,22 +53,13 @@ def controller_url(s: OperatorSettings) -> str:
     return f"http://rljob-operator.{ns}.svc:{s.api_port}"
 
 
-def make_platform_factory(kube: KubeApi) -> Any:
-    from rljob_operator.platform import KubernetesPlatform
+def make_platform_factory(kube: KubeApi) -> Callable[[dict[str, Any]], Platform]:
+    """Each job's Platform, all on the process's one `KubeApi`."""
 
-    def make(body: dict[str, Any]) -> Any:
-        return KubernetesPlatform(kube.api_client, body["metadata"]["namespace"], body)
+    def make(body: dict[str, Any]) -> Platform:
+        return KubernetesPlatform(kube, body["metadata"]["namespace"], body)
 
     return make
-
-
-def make_apply(kube: KubeApi) -> Any:
-    from rljob_operator.platform import apply
-
-    async def do_apply(obj: dict[str, Any]) -> Any:
-        return await apply(kube.api_client, obj)
-
-    return do_apply
 
 
 async def start_site(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
@@ -152,7 +146,6 @@ async def run_operator(s: OperatorSettings) -> int:
                 metrics=metrics,
                 is_leader=elector.is_leader,
                 make_platform=make_platform_factory(kube),
-                apply=make_apply(kube),
                 controller_url=controller_url(s),
             )
             kopf_task = asyncio.create_task(

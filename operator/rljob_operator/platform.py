@@ -1,13 +1,7 @@
 """The Kubernetes `Platform`: engine cells as pods, plus `apply` for the job's other objects.
 
-Client library: the official synchronous `kubernetes` client, each call run in
-`asyncio.to_thread`. It is already a dependency (the operator's other API calls, the test
-cluster's agent and fixtures use it), it handles kubeconfig and in-cluster auth, and the
-platform's traffic is a handful of calls per reconcile pass, far from what a thread pool
-cannot carry; `kubernetes_asyncio` would add a second client with its own config loading
-for no measurable gain. Requests go through the client's generic `param_serialize` /
-`call_api` with plain dict bodies (no generated model classes), so one code path serves
-pods, Services, Deployments, Jobs and custom resources (RayCluster) alike.
+Every call goes through the operator's one `KubeApi` (one thread pool, one error tree); see
+`kubeapi` for why the official client is used and how.
 
 Idempotence is by name: pod names are deterministic in (job, cell index, generation, pod
 index), so a retried `create_cell` gets 409 AlreadyExists, which counts as success, and a
@@ -18,151 +12,18 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
-import urllib3
-from kubernetes.client import ApiClient
-from kubernetes.client.rest import ApiException
-
-from controller_runtime.errors import ControllerError
 from controller_runtime.ports import CellObservation, CellRequest, PodObservation
 from rljob_operator import labels as L
+from rljob_operator.kubeapi import MERGE_PATCH, KubeApi, resource_path
 from rljob_operator.manifests.engine import engine_pods
 from rljob_operator.manifests.job import JobView
 from rljob_operator.names import engine_pod_name
 
 log = logging.getLogger(__name__)
-
-FIELD_MANAGER = "rljob-operator"
-APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
-MERGE_PATCH = "application/merge-patch+json"
-
-# kind -> resource (plural). Everything the operator writes; others fall back to kind+"s".
-PLURALS = {
-    "Pod": "pods",
-    "Service": "services",
-    "ConfigMap": "configmaps",
-    "Secret": "secrets",
-    "ServiceAccount": "serviceaccounts",
-    "Deployment": "deployments",
-    "Job": "jobs",
-    "RayCluster": "rayclusters",
-    "RLJob": "rljobs",
-}
-
-
-class PlatformError(ControllerError):
-    """A Kubernetes API call failed with something other than the idempotent 404/409."""
-
-    def __init__(self, what: str, status: int, reason: str, body: str = "") -> None:
-        detail = _status_message(body) or reason
-        super().__init__(f"{what}: HTTP {status}: {detail}")
-        self.status = status
-        self.reason = reason
-        self.body = body
-
-
-def _status_message(body: str) -> str:
-    try:
-        return str(json.loads(body).get("message", ""))
-    except (ValueError, AttributeError):
-        return body[:500]
-
-
-def resource_path(api_version: str, kind: str, namespace: str, name: str | None = None) -> str:
-    """REST path of a namespaced resource (`/api/v1/...` for the core group, `/apis/<g>/<v>/...` otherwise)."""
-    plural = PLURALS.get(kind) or kind.lower() + "s"
-    base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
-    path = f"{base}/namespaces/{namespace}/{plural}"
-    return f"{path}/{name}" if name else path
-
-
-class KubeRequests:
-    """Plain-dict REST calls through the official client, off the event loop."""
-
-    def __init__(self, api: ApiClient, request_timeout: float = 30.0) -> None:
-        self.api = api
-        self.request_timeout = request_timeout
-
-    def _call(
-        self,
-        method: str,
-        path: str,
-        query: Sequence[tuple[str, str]] = (),
-        body: Any = None,
-        content_type: str | None = None,
-    ) -> dict[str, Any]:
-        headers = {"Accept": "application/json"}
-        if content_type:
-            headers["Content-Type"] = content_type
-        elif body is not None:
-            headers["Content-Type"] = "application/json"
-        m, url, hdrs, data, post = self.api.param_serialize(
-            method=method,
-            resource_path=path,
-            query_params=list(query),
-            header_params=headers,
-            body=body,
-            auth_settings=["BearerToken"],
-        )
-        resp = self.api.call_api(
-            m, url, header_params=hdrs, body=data, post_params=post, _request_timeout=self.request_timeout
-        )
-        resp.read()
-        if not 200 <= resp.status <= 299:
-            data = resp.data or b""
-            text = data.decode(errors="replace") if isinstance(data, bytes) else str(data)
-            raise PlatformError(f"{method} {path}", resp.status, resp.reason or "", text)
-        return json.loads(resp.data or b"{}")
-
-    async def call(
-        self,
-        method: str,
-        path: str,
-        query: Sequence[tuple[str, str]] = (),
-        body: Any = None,
-        content_type: str | None = None,
-        *,
-        ok: tuple[int, ...] = (),
-    ) -> dict[str, Any] | None:
-        """The response object; None when the status is one of `ok` (e.g. 404 for a delete)."""
-        try:
-            return await asyncio.to_thread(self._call, method, path, query, body, content_type)
-        except PlatformError as e:
-            if e.status in ok:
-                return None
-            raise
-        except (ApiException, OSError, urllib3.exceptions.HTTPError) as e:
-            raise PlatformError(f"{method} {path}", getattr(e, "status", 0) or 0, str(e)) from e
-
-
-async def apply(
-    api: ApiClient | KubeRequests,
-    obj: Mapping[str, Any],
-    *,
-    field_manager: str = FIELD_MANAGER,
-    force: bool = True,
-) -> dict[str, Any]:
-    """Server-side apply `obj` (create or update); returns the object as stored.
-
-    `force=True` takes over fields another manager set (a `kubectl edit` of an owned
-    Service is reverted on the next reconcile): the operator is the owner of what it
-    applies, as controller-runtime's ForceOwnership recommends. Immutable fields (a Job's
-    pod template) still fail with 422 (PlatformError.status): delete and recreate then.
-    """
-    req = api if isinstance(api, KubeRequests) else KubeRequests(api)
-    meta = obj.get("metadata") or {}
-    name, namespace = meta.get("name"), meta.get("namespace")
-    if not name or not namespace:
-        raise ValueError("apply needs metadata.name and metadata.namespace")
-    path = resource_path(obj["apiVersion"], obj["kind"], namespace, name)
-    query = [("fieldManager", field_manager)] + ([("force", "true")] if force else [])
-    result = await req.call("PATCH", path, query, dict(obj), APPLY_CONTENT_TYPE)
-    assert result is not None
-    return result
 
 
 def _ready(pod: Mapping[str, Any]) -> bool:
@@ -236,15 +97,8 @@ class KubernetesPlatform:
     so a cell is never mistaken for healthy with fewer pods than its shape.
     """
 
-    def __init__(
-        self,
-        api: ApiClient | KubeRequests,
-        namespace: str,
-        job: Mapping[str, Any] | JobView,
-        *,
-        request_timeout: float = 30.0,
-    ) -> None:
-        self.requests = api if isinstance(api, KubeRequests) else KubeRequests(api, request_timeout)
+    def __init__(self, kube: KubeApi, namespace: str, job: Mapping[str, Any] | JobView) -> None:
+        self.kube = kube
         self.namespace = namespace
         self._job = dataclasses.replace(JobView.of(job), namespace=namespace)
         self.last_leftovers: tuple[str, ...] = ()
@@ -261,19 +115,19 @@ class KubernetesPlatform:
         return resource_path("v1", "Pod", self.namespace, name)
 
     async def _list_pods(self, selector: Mapping[str, str]) -> list[dict[str, Any]]:
-        result = await self.requests.call(
+        result = await self.kube.call(
             "GET", self._pods_path(), [("labelSelector", L.selector_string(selector))]
         )
         return list((result or {}).get("items") or [])
 
     async def create_cell(self, request: CellRequest) -> None:
         async def create(pod: dict[str, Any]) -> None:
-            await self.requests.call("POST", self._pods_path(), body=pod, ok=(409,))
+            await self.kube.call("POST", self._pods_path(), body=pod, ok=(409,))
 
         await asyncio.gather(*(create(p) for p in engine_pods(self._job, request)))
 
     async def _delete_pod(self, name: str) -> None:
-        await self.requests.call("DELETE", self._pods_path(name), ok=(404,))
+        await self.kube.call("DELETE", self._pods_path(name), ok=(404,))
 
     async def delete_cell(self, name: str) -> None:
         pods = await self._list_pods(L.cell_selector(self._job.name, name))
@@ -331,7 +185,7 @@ class KubernetesPlatform:
         patch = {"metadata": {"labels": {L.SERVING: "true" if serving else "false"}}}
 
         async def mark(pod_name: str) -> None:
-            await self.requests.call(
+            await self.kube.call(
                 "PATCH", self._pods_path(pod_name), body=patch, content_type=MERGE_PATCH, ok=(404,)
             )
 
@@ -341,4 +195,4 @@ class KubernetesPlatform:
 
     async def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         """Server-side apply one of the job's objects (Services, Deployment, Job, RayCluster)."""
-        return await apply(self.requests, obj)
+        return await self.kube.apply(obj)

@@ -16,12 +16,13 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 from rljob_operator import labels as L
+from rljob_operator.kubeapi import KubeApi, KubeApiError
 from rljob_operator.manifests import (
     cells_headless_service,
     engines_service,
@@ -30,7 +31,7 @@ from rljob_operator.manifests import (
     ray_cluster,
     trainer_workload,
 )
-from rljob_operator.platform import KubeRequests, KubernetesPlatform, PlatformError, apply
+from rljob_operator.platform import KubernetesPlatform
 
 from controller_runtime.ports import CellRequest
 
@@ -72,6 +73,14 @@ def rljob_crd(cluster) -> None:
     cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/rljobs.rljob.io")
 
 
+@pytest.fixture
+def kube(cluster) -> Iterator[KubeApi]:
+    """The operator's one Kubernetes access layer, on the test cluster."""
+    api = KubeApi(cluster.api())
+    yield api
+    api.close()
+
+
 def rljob_manifest(name: str, namespace: str, **spec_extra: Any) -> dict[str, Any]:
     """The realistic shape: 4 cells x 2 GPUs on 8-GPU nodes, GPU toleration."""
     spec: dict[str, Any] = {
@@ -98,14 +107,14 @@ def rljob_manifest(name: str, namespace: str, **spec_extra: Any) -> dict[str, An
     }
 
 
-async def create_rljob(req: KubeRequests, obj: dict[str, Any]) -> dict[str, Any]:
+async def create_rljob(req: KubeApi, obj: dict[str, Any]) -> dict[str, Any]:
     ns = obj["metadata"]["namespace"]
     created = await req.call("POST", f"/apis/rljob.io/v1alpha1/namespaces/{ns}/rljobs", body=obj)
     assert created is not None and created["metadata"]["uid"]
     return created
 
 
-async def list_items(req: KubeRequests, path: str, selector: str | None = None) -> list[dict[str, Any]]:
+async def list_items(req: KubeApi, path: str, selector: str | None = None) -> list[dict[str, Any]]:
     query = [("labelSelector", selector)] if selector else []
     result = await req.call("GET", path, query)
     return (result or {}).get("items") or []
@@ -116,10 +125,9 @@ def is_loopback(ip: str | None) -> bool:
 
 
 async def test_engine_cells_on_gpu_nodes_serve_through_the_engines_service(
-    cluster, namespace, rljob_crd
+    cluster, namespace, rljob_crd, kube
 ) -> None:
-    api = cluster.api()
-    req = KubeRequests(api)
+    req = kube
     job = await create_rljob(req, rljob_manifest("llama", namespace))
     platform = KubernetesPlatform(req, namespace, job)
     await platform.apply(cells_headless_service(job))
@@ -198,9 +206,8 @@ async def test_engine_cells_on_gpu_nodes_serve_through_the_engines_service(
     await eventually(cell1_gone, "pods of cell 1 and of cell 3 generation 1 deleted")
 
 
-async def test_owned_objects_apply_validate_and_are_garbage_collected(cluster, namespace, rljob_crd) -> None:
-    api = cluster.api()
-    req = KubeRequests(api)
+async def test_owned_objects_apply_validate_and_are_garbage_collected(cluster, namespace, rljob_crd, kube) -> None:
+    req = kube
     job = await create_rljob(req, rljob_manifest("gc", namespace, rollout={
         "dataset": {"path": "/data/prompts.jsonl"},
         "rayCluster": {"workers": 1},
@@ -209,13 +216,13 @@ async def test_owned_objects_apply_validate_and_are_garbage_collected(cluster, n
 
     rc = ray_cluster(job)
     assert rc is not None
-    stored_rc = await apply(api, rc)
+    stored_rc = await req.apply(rc)
     assert stored_rc["spec"]["workerGroupSpecs"][0]["replicas"] == 1
     broken = json.loads(json.dumps(rc))
     broken["metadata"]["name"] = "gc-broken"
     del broken["spec"]["workerGroupSpecs"][0]["groupName"]
-    with pytest.raises(PlatformError) as rejected:
-        await apply(api, broken)
+    with pytest.raises(KubeApiError) as rejected:
+        await req.apply(broken)
     assert rejected.value.status == 422  # the real KubeRay CRD's schema refused it
 
     objects = [
@@ -280,10 +287,9 @@ def _http(url: str, body: dict[str, Any] | None = None, timeout: float = 10.0) -
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM (CPU build) is not installed")
-async def test_cpu_engine_pod_runs_a_real_vllm_server(cluster, namespace, rljob_crd, tiny_model_dir) -> None:
+async def test_cpu_engine_pod_runs_a_real_vllm_server(cluster, namespace, rljob_crd, tiny_model_dir, kube) -> None:
     """The engine command as built runs: the process agent starts it behind the pod's loopback IP."""
-    api = cluster.api()
-    req = KubeRequests(api)
+    req = kube
     manifest = rljob_manifest("cpu", namespace)
     manifest["spec"]["model"] = {"path": str(tiny_model_dir)}
     manifest["spec"]["inference"] = {

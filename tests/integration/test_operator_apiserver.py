@@ -8,8 +8,9 @@ import asyncio
 
 import pytest
 from rljob_operator.auth import Authorizer
-from rljob_operator.kubeapi import KubeApi, KubeLeaseStore, load_api_client
+from rljob_operator.kubeapi import KubeApi, load_api_client
 from rljob_operator.leader import LeaderElector
+from rljob_operator.lease_store import KubeLeaseStore
 
 from tests.integration.operator_harness import (
     Kube,

@@ -8,7 +8,7 @@ from typing import Any
 
 from rljob_operator.conditions import find
 from rljob_operator.metrics import Metrics
-from rljob_operator.reconcile.health import JobRuntime
+from rljob_operator.reconcile.job_runtime import JobRuntime
 from rljob_operator.registry import JobRegistry
 
 from controller_runtime.clock import FakeClock, iso
@@ -23,7 +23,15 @@ class FakeKube:
         self.patches: list[dict[str, Any]] = []
         self.events: list[tuple[str, str, str]] = []
         self.deleted: list[str] = []
+        self.applied: list[dict[str, Any]] = []
         self.platform: FakePlatform | None = None
+
+    async def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+        self.applied.append(obj)
+        return obj
+
+    async def delete_job(self, ns: str, name: str) -> None:
+        pass
 
     async def patch_rljob_status(self, ns: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
         self.patches.append(status)
@@ -66,15 +74,10 @@ def rljob(replicas: int = 2, **spec: Any) -> dict[str, Any]:
 def runtime(body: dict[str, Any], platform: FakePlatform, clock: FakeClock, registry: JobRegistry | None = None):
     kube = FakeKube(body)
     kube.platform = platform
-    applied: list[dict[str, Any]] = []
-
-    async def apply(obj: dict[str, Any]) -> None:
-        applied.append(obj)
-
-    rt = JobRuntime(body=body, kube=kube, platform=platform, apply=apply, registry=registry or JobRegistry(),
+    rt = JobRuntime(body=body, kube=kube, platform=platform, registry=registry or JobRegistry(),
                     metrics=Metrics(), controller_url="http://op:8080", resync_seconds=5, clock=clock,
                     engines=FakeEngines())
-    return rt, kube, applied
+    return rt, kube, kube.applied
 
 
 async def settle(rt: JobRuntime, passes: int = 4) -> None:

@@ -13,20 +13,15 @@ from typing import Any
 import pytest
 import yaml
 from rljob_operator import labels as L
-from rljob_operator.platform import (
-    KubeRequests,
-    KubernetesPlatform,
-    PlatformError,
-    pod_observation,
-    resource_path,
-)
+from rljob_operator.kubeapi import KubeApi, KubeApiError, api_error, resource_path
+from rljob_operator.platform import KubernetesPlatform, pod_observation
 
 from controller_runtime.ports import CellRequest
 
 JOBS = Path(__file__).parent / "golden" / "jobs"
 
 
-class PodStore(KubeRequests):
+class PodStore(KubeApi):
     """Pods by name; answers the platform's GET/POST/DELETE/PATCH on /api/v1/namespaces/ns/pods."""
 
     def __init__(self) -> None:
@@ -38,7 +33,7 @@ class PodStore(KubeRequests):
         name = path.rsplit("/pods", 1)[1].lstrip("/") or None
         try:
             return self._handle(method, name, dict(query), body)
-        except PlatformError as e:
+        except KubeApiError as e:
             if e.status in ok:
                 return None
             raise
@@ -54,13 +49,13 @@ class PodStore(KubeRequests):
             return {"items": copy.deepcopy(items)}
         if method == "POST":
             if body["metadata"]["name"] in self.pods:
-                raise PlatformError("POST", 409, "AlreadyExists")
+                raise api_error("POST", 409, "AlreadyExists")
             pod = copy.deepcopy(body)
             pod["status"] = {"phase": "Pending"}
             self.pods[pod["metadata"]["name"]] = pod
             return pod
         if name not in self.pods:
-            raise PlatformError(method, 404, "NotFound")
+            raise api_error(method, 404, "NotFound")
         if method == "DELETE":
             del self.pods[name]
             return {}
@@ -168,10 +163,10 @@ async def test_other_api_errors_are_raised_as_platform_errors() -> None:
     p, store = platform()
 
     async def refuse(*args, **kwargs):
-        raise PlatformError("POST pods", 403, "Forbidden")
+        raise api_error("POST pods", 403, "Forbidden")
 
     store.call = refuse  # type: ignore[method-assign]
-    with pytest.raises(PlatformError) as info:
+    with pytest.raises(KubeApiError) as info:
         await p.create_cell(req(0))
     assert info.value.status == 403
 

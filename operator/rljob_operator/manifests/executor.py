@@ -150,7 +150,7 @@ def executor_service(job: dict[str, Any] | JobView) -> dict[str, Any]:
     """`<job>-rollout`: Ray Client (10001, `ray-client`) and dashboard (8265) of the rollout Ray head."""
     view = JobView.of(job)
     if view.spec.rollout.ray_cluster is not None:
-        selector = {"ray.io/cluster": ray_cluster_name(view.name), "ray.io/node-type": "head"}
+        selector = {L.RAY_CLUSTER: ray_cluster_name(view.name), L.RAY_NODE_TYPE: "head"}
     else:
         selector = L.role_selector(view.name, L.ROLE_ROLLOUT)
     return {

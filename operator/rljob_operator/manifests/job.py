@@ -13,9 +13,7 @@ from typing import Any
 
 from controller_runtime.api.spec import RLJobSpec
 from rljob_operator import labels as L
-
-API_VERSION = "rljob.io/v1alpha1"
-KIND = "RLJob"
+from rljob_operator.kinds import API_VERSION, KIND
 
 
 @dataclass(frozen=True)

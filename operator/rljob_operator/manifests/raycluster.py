@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from rljob_operator import labels as L
+from rljob_operator.kinds import RAY_API_VERSION, RAY_CLUSTER_KIND
 from rljob_operator.manifests.job import JobView
 from rljob_operator.manifests.podspec import container_resources
 from rljob_operator.names import ray_cluster_name
@@ -69,8 +70,8 @@ def ray_cluster(job: dict[str, Any] | JobView) -> dict[str, Any] | None:
             }
         ]
     return {
-        "apiVersion": "ray.io/v1",
-        "kind": "RayCluster",
+        "apiVersion": RAY_API_VERSION,
+        "kind": RAY_CLUSTER_KIND,
         "metadata": view.metadata(ray_cluster_name(view.name), ROLE_RAY),
         "spec": spec,
     }

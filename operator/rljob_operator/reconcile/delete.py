@@ -19,18 +19,17 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from rljob_operator.reconcile.health import JobRuntime
+from rljob_operator.metrics import Metrics
+from rljob_operator.reconcile.context import JobContext
+from rljob_operator.reconcile.engines import EngineFleet
 
 log = logging.getLogger(__name__)
 
 
-async def release_job(rt: JobRuntime) -> None:
-    await rt.stop_controller()
-    rt.registry.remove(rt)
-    rt.metrics.forget_job(rt.namespace, rt.name)
+async def release_job(job: JobContext, fleet: EngineFleet, metrics: Metrics) -> None:
+    await fleet.stop()
+    metrics.forget_job(job.namespace, job.name)
     with contextlib.suppress(Exception):
-        await rt.recorder.close()
-    log.info("job released", extra={"job": f"{rt.namespace}/{rt.name}"})
+        await job.recorder.close()
+    log.info("job released", extra={"job": job.key})

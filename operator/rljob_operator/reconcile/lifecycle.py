@@ -14,56 +14,71 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
+from controller_runtime.api.spec import RLJobSpec
 from controller_runtime.clock import parse_iso
 from rljob_operator.labels import engine_selector, selector_string
+from rljob_operator.reconcile.context import JobContext
+from rljob_operator.reconcile.engines import EngineFleet
 from rljob_operator.reconcile.flow import StepResult
 from rljob_operator.reconcile.status import TERMINAL
 
-if TYPE_CHECKING:
-    from rljob_operator.reconcile.health import JobRuntime
+
+@dataclass(frozen=True)
+class EnginesWinding:
+    """What a lifecycle step saw: how the pass goes on, and engine pods still existing.
+
+    `engine_pods_left` is None when the step did not look (the job is not finishing), so
+    the last count stands.
+    """
+
+    result: StepResult
+    engine_pods_left: int | None = None
 
 
-async def delete_engine_pods(rt: JobRuntime) -> int:
+async def delete_engine_pods(job: JobContext, fleet: EngineFleet) -> int:
     """Stop the controller and delete every cell; the number of engine pods still existing.
 
     Counted straight from the API (terminating pods included): "suspended" must mean the
     pods are gone, not merely marked for deletion, or a quick resume would race them.
     """
-    await rt.stop_controller()
-    cells = await rt.platform.observe_cells()
+    await fleet.stop()
+    cells = await fleet.platform.observe_cells()
     for cell in cells:
-        await rt.platform.delete_cell(cell.name)
-    return await rt.kube.count_pods(rt.namespace, selector_string(engine_selector(rt.name)))
+        await fleet.platform.delete_cell(cell.name)
+    return await job.kube.count_pods(job.namespace, selector_string(engine_selector(job.name)))
 
 
-async def ensure_finished(rt: JobRuntime) -> StepResult:
-    phase = rt.stored_status.get("phase")
+async def ensure_finished(
+    job: JobContext, fleet: EngineFleet, spec: RLJobSpec, stored_status: Mapping[str, Any]
+) -> EnginesWinding:
+    phase = stored_status.get("phase")
     if phase not in TERMINAL:
-        return StepResult.proceed()
-    rt.engine_pods_left = await delete_engine_pods(rt)
-    ttl = rt.spec().ttl_seconds_after_finished
-    done = rt.stored_status.get("completionTime")
+        return EnginesWinding(StepResult.proceed())
+    left = await delete_engine_pods(job, fleet)
+    ttl = spec.ttl_seconds_after_finished
+    done = stored_status.get("completionTime")
     if ttl is None or not done:
-        return StepResult.requeue(rt.resync_seconds, f"{phase}")
+        return EnginesWinding(StepResult.requeue(job.resync_seconds, f"{phase}"), left)
     due = parse_iso(done) + ttl
-    now = rt.clock.now()
+    now = job.clock.now()
     if now < due:
-        return StepResult.requeue(due - now, f"{phase}; deleting after ttlSecondsAfterFinished")
-    rt.recorder.record("Normal", "TTLExpired", f"deleting the job {ttl} s after it {phase.lower()}")
-    await rt.kube.delete_rljob(rt.namespace, rt.name, rt.uid)
-    return StepResult.stop("ttl expired; deleted")
+        return EnginesWinding(StepResult.requeue(due - now, f"{phase}; deleting after ttlSecondsAfterFinished"), left)
+    job.recorder.record("Normal", "TTLExpired", f"deleting the job {ttl} s after it {phase.lower()}")
+    await job.kube.delete_rljob(job.namespace, job.name, job.uid)
+    return EnginesWinding(StepResult.stop("ttl expired; deleted"), left)
 
 
-async def ensure_suspension(rt: JobRuntime) -> StepResult:
-    if not rt.spec().suspend:
-        rt.engine_pods_left = 0
-        return StepResult.proceed()
-    was_running = rt.controller is not None
-    rt.engine_pods_left = await delete_engine_pods(rt)
+async def ensure_suspension(job: JobContext, fleet: EngineFleet, spec: RLJobSpec) -> EnginesWinding:
+    if not spec.suspend:
+        return EnginesWinding(StepResult.proceed(), 0)
+    was_running = fleet.controller is not None
+    left = await delete_engine_pods(job, fleet)
     if was_running:
-        rt.recorder.record("Normal", "Suspending", "spec.suspend is true: deleting engine pods, suspending the trainer")
-    if rt.engine_pods_left:
-        return StepResult.requeue(1.0, f"suspending: {rt.engine_pods_left} engine pods left")
-    return StepResult.requeue(rt.resync_seconds, "suspended")
+        job.recorder.record("Normal", "Suspending", "spec.suspend is true: deleting engine pods, suspending the trainer")
+    if left:
+        return EnginesWinding(StepResult.requeue(1.0, f"suspending: {left} engine pods left"), left)
+    return EnginesWinding(StepResult.requeue(job.resync_seconds, "suspended"), left)

@@ -1,0 +1,38 @@
+"""The API groups, versions, kinds and resources the operator reads and writes, named once.
+
+The RLJob's own group, version, kind and plural belong to its models
+(`controller_runtime.api`, which the CRD is generated from); everything on the operator's side
+that names them, or KubeRay's RayCluster, or a kind's REST resource, imports them from here.
+"""
+
+from __future__ import annotations
+
+from controller_runtime.api import GROUP, KIND, PLURAL, VERSION
+
+API_VERSION = f"{GROUP}/{VERSION}"
+LIST_KIND = f"{KIND}List"
+
+# KubeRay: the RayCluster the executor's Ray head may run in instead of its own pod.
+RAY_GROUP = "ray.io"
+RAY_API_VERSION = f"{RAY_GROUP}/v1"
+RAY_CLUSTER_KIND = "RayCluster"
+
+# kind -> resource (plural): everything the operator writes; others fall back to kind+"s".
+PLURALS = {
+    "Pod": "pods",
+    "Service": "services",
+    "ConfigMap": "configmaps",
+    "Secret": "secrets",
+    "ServiceAccount": "serviceaccounts",
+    "Deployment": "deployments",
+    "Job": "jobs",
+    "Event": "events",
+    "Lease": "leases",
+    RAY_CLUSTER_KIND: "rayclusters",
+    KIND: PLURAL,
+}
+
+__all__ = [
+    "API_VERSION", "GROUP", "KIND", "LIST_KIND", "PLURAL", "PLURALS", "RAY_API_VERSION", "RAY_CLUSTER_KIND",
+    "RAY_GROUP", "VERSION",
+]

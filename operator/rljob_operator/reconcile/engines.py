@@ -1,0 +1,160 @@
+"""The engines step: the job's `InferenceController` on this replica, and one pass of it.
+
+`EngineFleet` holds the controller while this replica runs the job. It is rebuilt from
+`status` whenever it starts (operator restart, failover, resume), so nothing lives only in
+memory: cells, generations, restart counts, the open update window's lock and snapshot all
+come back from the RLJob. It registers the job with the controller API while it runs.
+
+Health monitoring happens inside the controller (`reconcile` observes pods: phase and
+container restarts; `probe_health` probes each cell's engine at its pod IP). Here the engine
+clients are wrapped to time `/health` probes for the latency histogram, and the controller's
+events become Kubernetes Events and metrics.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from pydantic import ValidationError
+
+from controller_runtime.api.spec import Engine, InferenceSpec
+from controller_runtime.api.status import RLJobStatus
+from controller_runtime.clients.factory import make_engine_client
+from controller_runtime.controller import InferenceController
+from controller_runtime.events import ControllerEvent, Reason
+from controller_runtime.ports import EngineClient, EngineClientFactory, Platform
+from rljob_operator.metrics import Metrics
+from rljob_operator.reconcile.context import JobContext
+from rljob_operator.reconcile.flow import StepResult
+from rljob_operator.registry import JobHandle, JobRegistry
+
+log = logging.getLogger(__name__)
+
+
+class TimedEngineClient:
+    """An EngineClient whose `/health` calls are timed into the probe latency histogram."""
+
+    def __init__(self, inner: EngineClient, observe: Callable[[float], None]) -> None:
+        self._inner = inner
+        self._observe = observe
+        self.endpoint = inner.endpoint
+
+    async def health(self) -> None:
+        started = time.perf_counter()
+        try:
+            await self._inner.health()
+        finally:
+            self._observe(time.perf_counter() - started)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def engine_factory(engine: Engine | str, observe: Callable[[float], None]) -> EngineClientFactory:
+    def make(endpoint: str) -> EngineClient:
+        return TimedEngineClient(make_engine_client(engine, endpoint), observe)  # type: ignore[return-value]
+
+    return make
+
+
+class EngineFleet:
+    """The job's controller and platform on this replica; None while suspended, finished or stopped."""
+
+    def __init__(
+        self,
+        *,
+        job: JobContext,
+        platform: Platform,
+        registry: JobRegistry,
+        metrics: Metrics,
+        handle: JobHandle,
+        wake: Callable[[], None],
+        engines: EngineClientFactory | None = None,
+        generation: int | None = None,
+    ) -> None:
+        self.job = job
+        self.platform = platform
+        self.registry = registry
+        self.metrics = metrics
+        self.handle = handle  # what the controller API finds in the registry while we run
+        self.wake = wake
+        self._engines = engines
+        self.controller: InferenceController | None = None
+        self._inference_spec: InferenceSpec | None = None
+        self._platform_generation = generation  # the spec generation new cells are built from
+
+    def _on_controller_event(self, event: ControllerEvent) -> None:
+        if event.reason == Reason.CellReplaced:
+            self.metrics.restarts.labels(self.job.namespace, self.job.name).inc()
+        self.job.recorder.controller_event(event)
+        self.wake()  # something changed: write status soon
+
+    def follow_spec(self, job_object: Mapping[str, Any], generation: int | None) -> None:
+        """Cells created from now on are built from the edited spec."""
+        if self._platform_generation != generation and hasattr(self.platform, "update_job"):
+            self.platform.update_job(job_object)
+            self._platform_generation = generation
+
+    def ensure(self, inference: InferenceSpec, stored_status: Mapping[str, Any]) -> InferenceController:
+        """The running controller (fed spec edits), or a new one restored from `stored_status`."""
+        if self.controller is None:
+            try:
+                restore = RLJobStatus.model_validate(stored_status) if stored_status else None
+            except ValidationError as e:
+                log.warning("status of %s does not parse; starting fresh: %s", self.job.key, e)
+                restore = None
+            engines = self._engines or engine_factory(
+                inference.engine, self.metrics.probe_seconds.labels(self.job.namespace, self.job.name).observe
+            )
+            self.controller = InferenceController(
+                job=self.job.name,
+                spec=inference,
+                platform=self.platform,
+                engines=engines,
+                clock=self.job.clock,
+                on_event=self._on_controller_event,
+                restore=restore,
+                serve_initial_weights=True,
+                poll_seconds=self.job.resync_seconds,
+            )
+            self._inference_spec = inference
+            self.registry.add(self.handle)
+            self.metrics.jobs.set(len(self.registry))
+            log.info(
+                "controller started",
+                extra={"job": self.job.key, "restored_cells": len(restore.engines) if restore else 0,
+                       "lock": bool(restore and restore.lock)},
+            )
+        elif inference != self._inference_spec:
+            self.controller.update_spec(inference)
+            self._inference_spec = inference
+        return self.controller
+
+    async def stop(self) -> None:
+        """Forget the in-memory controller (its state is in status); the API answers 503/404 meanwhile."""
+        if self.controller is None:
+            return
+        ctl, self.controller = self.controller, None
+        self.registry.remove(self.handle)
+        self.metrics.jobs.set(len(self.registry))
+        with contextlib.suppress(Exception):
+            await ctl.close()
+
+
+async def ensure_engines(
+    fleet: EngineFleet,
+    inference: InferenceSpec,
+    stored_status: Mapping[str, Any],
+    job_object: Mapping[str, Any],
+    generation: int | None,
+) -> StepResult:
+    """Run one controller pass: observe cells, create/heal/scale them, probe the due ones."""
+    fleet.follow_spec(job_object, generation)
+    ctl = fleet.ensure(inference, stored_status)
+    delay = await ctl.reconcile()
+    await ctl.probe_health()
+    return StepResult.requeue(delay, "engines")

@@ -1,0 +1,220 @@
+"""The per-job daemon: one RLJob on the leading replica, pass after pass.
+
+`JobRuntime` is what kopf's daemon runs for one RLJob while this replica leads. Each pass
+runs the steps in order (lifecycle, children, suspension, engines); each step takes the
+objects it works on and returns what it saw, and the pass hands those values to the status
+writer. What a pass saw also stays for the controller API's writes between passes (they
+record the controller's state; the trainer's outcome and the engine pods left are the last
+pass's). The steps know nothing of this class, so it sits above them all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from pydantic import ValidationError
+
+from controller_runtime.api.spec import RLJobSpec
+from controller_runtime.clock import Clock, RealClock
+from controller_runtime.controller import InferenceController
+from controller_runtime.events import Reason
+from controller_runtime.ports import EngineClientFactory, Platform
+from rljob_operator.event_recorder import EventRecorder
+from rljob_operator.metrics import Metrics
+from rljob_operator.reconcile import children, lifecycle
+from rljob_operator.reconcile.context import JobContext, JobKube, involved_object
+from rljob_operator.reconcile.delete import release_job
+from rljob_operator.reconcile.engines import EngineFleet, ensure_engines
+from rljob_operator.reconcile.flow import Step, StepResult, run_steps
+from rljob_operator.reconcile.status import Observed, TrainerState
+from rljob_operator.reconcile.status_writer import StatusWriter
+from rljob_operator.registry import JobRegistry
+
+log = logging.getLogger(__name__)
+
+MIN_PASS_SECONDS = 0.2
+ERROR_BACKOFF_MAX = 30.0
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What the passes saw around the controller, as the status writer needs it."""
+
+    trainer: TrainerState = TrainerState.absent
+    trainer_message: str = ""
+    engine_pods_left: int = 0
+
+
+class JobRuntime:
+    """One RLJob on the leading replica: its engines, status writer and event recorder."""
+
+    def __init__(
+        self,
+        *,
+        body: Mapping[str, Any],
+        kube: JobKube,
+        platform: Platform,
+        registry: JobRegistry,
+        metrics: Metrics,
+        controller_url: str,
+        resync_seconds: float = 10.0,
+        clock: Clock | None = None,
+        engines: EngineClientFactory | None = None,
+        acting: Callable[[], bool] = lambda: True,
+    ) -> None:
+        meta = body.get("metadata") or {}
+        self.body = body  # kopf's live view: spec/metadata change under us as the watch sees them
+        self.namespace: str = meta["namespace"]
+        self.name: str = meta["name"]
+        self.metrics = metrics
+        self.controller_url = controller_url
+        self.resync_seconds = resync_seconds
+        self.acting = acting  # False on a replica that lost the Lease: no effects at all
+        clock = clock or RealClock()
+        uid = meta.get("uid", "")
+        recorder = EventRecorder(kube, involved_object(self.namespace, self.name, uid), clock)
+        self.job = JobContext(self.namespace, self.name, uid, kube, recorder, clock, resync_seconds)
+        self.fleet = EngineFleet(
+            job=self.job, platform=platform, registry=registry, metrics=metrics, handle=self, wake=self.poke,
+            engines=engines, generation=self.generation,
+        )
+        self.status = StatusWriter(self.job, metrics, body.get("status"))
+        self.seen = Seen()
+        self._applied: children.Applied | None = None
+        self._wake = asyncio.Event()
+        self._errors = 0
+        self._last_error = ""
+
+    # ---------------------------------------------------------------- views
+    @property
+    def generation(self) -> int | None:
+        g = (self.body.get("metadata") or {}).get("generation")
+        return int(g) if g is not None else None
+
+    def spec(self) -> RLJobSpec:
+        return RLJobSpec.model_validate(self.body.get("spec") or {})
+
+    def job_object(self) -> dict[str, Any]:
+        """The RLJob as the manifest builders take it."""
+        return {"metadata": dict(self.body.get("metadata") or {}), "spec": dict(self.body.get("spec") or {})}
+
+    @property
+    def recorder(self) -> EventRecorder:
+        return self.job.recorder
+
+    @property
+    def stored_status(self) -> dict[str, Any]:
+        return self.status.stored
+
+    # ---------------------------------------------------------------- JobHandle
+    @property
+    def controller(self) -> InferenceController | None:
+        return self.fleet.controller
+
+    def poke(self) -> None:
+        self._wake.set()
+
+    def observed(self) -> Observed:
+        """The status writer's input: the live spec and controller, and what the passes saw."""
+        try:
+            spec = self.spec()
+            suspend, replicas = spec.suspend, spec.inference.replicas
+        except ValidationError:
+            suspend, replicas = False, 0
+        ctl = self.fleet.controller
+        return Observed(
+            now=self.job.clock.now(),
+            generation=self.generation,
+            suspend=suspend,
+            replicas=replicas,
+            controller=ctl.status_patch() if ctl else None,
+            trainer=self.seen.trainer,
+            trainer_message=self.seen.trainer_message,
+            engine_pods_left=self.seen.engine_pods_left,
+        )
+
+    async def publish(self, why: str) -> None:
+        """Write what changed in the status (a merge patch), then Events for condition changes."""
+        await self.status.write(self.observed, why)
+
+    # ---------------------------------------------------------------- the loop
+    def steps(self, spec: RLJobSpec) -> list[tuple[str, Step]]:
+        """The pass's steps, in order; each folds what its step saw into `seen` as it returns."""
+
+        async def finish() -> StepResult:
+            return self._saw_pods(await lifecycle.ensure_finished(self.job, self.fleet, spec, self.stored_status))
+
+        async def ensure_children() -> StepResult:
+            seen = await children.ensure_children(
+                self.job, spec, self.job_object(), self.generation, self.controller_url, self._applied
+            )
+            self._applied = seen.applied
+            self.seen = replace(self.seen, trainer=seen.trainer, trainer_message=seen.trainer_message)
+            return seen.result
+
+        async def suspend() -> StepResult:
+            return self._saw_pods(await lifecycle.ensure_suspension(self.job, self.fleet, spec))
+
+        async def engines() -> StepResult:
+            return await ensure_engines(self.fleet, spec.inference, self.stored_status, self.job_object(), self.generation)
+
+        return [("finish", finish), ("children", ensure_children), ("suspend", suspend), ("engines", engines)]
+
+    def _saw_pods(self, winding: lifecycle.EnginesWinding) -> StepResult:
+        if winding.engine_pods_left is not None:
+            self.seen = replace(self.seen, engine_pods_left=winding.engine_pods_left)
+        return winding.result
+
+    async def run_pass(self) -> float:
+        """One reconcile pass and status write; seconds until the next pass."""
+        if not self.acting():
+            return self.resync_seconds
+        started = time.perf_counter()
+        step = "pass"
+        try:
+            step, result = await run_steps(self.steps(self.spec()))
+            step = "status"
+            await self.publish(result.reason or "pass")
+            self._errors, self._last_error = 0, ""
+            delay = result.after if result.after is not None else self.resync_seconds
+        except Exception as e:
+            self._errors += 1
+            self.metrics.reconcile_errors.labels(self.namespace, self.name, step).inc()
+            msg = f"{step}: {type(e).__name__}: {e}"
+            log.exception("reconcile of %s failed in %s", self.job.key, step)
+            if msg != self._last_error:
+                self.recorder.record("Warning", Reason.ReconcileError, msg[:1000])
+                self._last_error = msg
+            delay = min(ERROR_BACKOFF_MAX, 0.5 * 2 ** min(self._errors, 6))
+        finally:
+            self.metrics.reconciles.labels(self.namespace, self.name).inc()
+            self.metrics.reconcile_seconds.labels(self.namespace, self.name).observe(time.perf_counter() - started)
+        return max(MIN_PASS_SECONDS, min(delay, self.resync_seconds))
+
+    async def run(self, stopped: Any) -> None:
+        """Loop until kopf sets `stopped` (deletion, operator exit or lost leadership)."""
+        self.recorder.start()
+        try:
+            while not stopped:
+                delay = await self.run_pass()
+                await self._sleep(delay, stopped)
+        finally:
+            await release_job(self.job, self.fleet, self.metrics)
+
+    async def _sleep(self, seconds: float, stopped: Any) -> None:
+        async def stop_wait() -> None:
+            await stopped.wait()
+
+        wake = asyncio.ensure_future(self._wake.wait())
+        stop = asyncio.ensure_future(stop_wait())
+        try:
+            await asyncio.wait({wake, stop}, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            wake.cancel()
+            stop.cancel()
+        self._wake.clear()
