@@ -3,9 +3,10 @@
 What runs where:
 
 - this process: the InferenceController (controller_runtime, unchanged) over a
-  `LocalPlatform` whose cells are vLLM CPU processes; the controller API on 127.0.0.1 for the
-  executor; the reference trainer (in-process, `LocalControllerClient`), which reads batches
-  from the executor's actor over Ray Client, as a trainer pod does;
+  `LocalPlatform` whose cells are vLLM CPU processes, driven by `InferenceController.run`:
+  the same bounded passes (`run_pass`) that the operator's daemon drives; the controller API
+  on 127.0.0.1 for the executor; the reference trainer (in-process, `LocalControllerClient`),
+  which reads batches from the executor's actor over Ray Client, as a trainer pod does;
 - child process `python -m rollout_executor`: starts a local Ray head and the job's executor
   actor, finds serving engines through the controller API, exactly as in its pod;
 - child processes: one vLLM server per engine cell, started, probed, restarted by the controller.
@@ -40,6 +41,7 @@ from controller_runtime.api.spec import Engine, RLJobManifest
 from controller_runtime.api.status import CellState
 from controller_runtime.audit import AuditLog
 from controller_runtime.clients.factory import make_engine_client
+from controller_runtime.clock import sleep_or_stop
 from controller_runtime.controller import InferenceController
 from rljob_cli import report
 from rljob_cli.capacity import LocalModeError, check_local_mode
@@ -54,6 +56,7 @@ log = logging.getLogger("rljob")
 
 LOCAL_NAMESPACE = "local"
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_INTERRUPTED = 0, 1, 2, 130
+WATCH_SECONDS = 2.0  # how often the watchdog looks at the executor and the engine cells
 
 
 class RunFailed(Exception):
@@ -358,8 +361,7 @@ class LocalRun:
 
     async def _watch(self) -> None:
         """Stop the run when every engine cell spent its restart budget, or the executor died."""
-        while not self.stop.is_set():
-            await asyncio.sleep(2.0)
+        while not await sleep_or_stop(self.stop, WATCH_SECONDS):
             if self.executor is not None and self.executor.proc is not None and not self.executor.alive():
                 self.failure = (f"the executor exited with code {self.executor.proc.returncode} "
                                 f"(log: {self.executor.log_path}):\n{self.executor.log_tail()}")

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+import logging
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -25,7 +26,7 @@ from controller_runtime.controller import InferenceController
 from controller_runtime.errors import LockHeld, SnapshotMismatch, WeightCheckMismatch
 from controller_runtime.events import ControllerEvent, Reason
 from controller_runtime.fakes import FakeEngine, FakeEngines, FakePlatform, settle
-from controller_runtime.ports import CellRequest
+from controller_runtime.ports import CellObservation, CellRequest
 from controller_runtime.window import NoReadyEngines
 
 S = CellState
@@ -607,6 +608,44 @@ async def test_run_loop_survives_platform_errors() -> None:
     assert h.states() == [S.PendingWeights]
     stop.set()
     await asyncio.wait_for(task, 5)
+
+
+class HangingPlatform(FakePlatform):
+    """A platform whose observe_cells never answers while `hang` is set."""
+
+    hang = False
+
+    async def observe_cells(self) -> Sequence[CellObservation]:
+        if self.hang:
+            await asyncio.Event().wait()
+        return await super().observe_cells()
+
+
+async def test_run_pass_logs_errors_instead_of_raising(caplog: pytest.LogCaptureFixture) -> None:
+    h = harness(1)
+    h.platform.fail_create = True
+    with caplog.at_level(logging.ERROR, logger="controller_runtime.controller"):
+        delay = await h.ctrl.run_pass()
+    assert 0 <= delay <= h.ctrl.poll_seconds
+    assert "reconcile of demo failed" in caplog.text and h.states() == [S.Pending]
+    h.platform.fail_create = False
+    for _ in range(3):
+        await h.ctrl.run_pass()
+    assert h.states() == [S.PendingWeights]
+
+
+async def test_run_pass_is_bounded_by_the_pass_timeout() -> None:
+    platform = HangingPlatform()
+    h = harness(1, platform=platform)
+    await bring_up(h)
+    platform.hang = True
+    started = h.clock.now()
+    delay = await with_clock(h.clock, h.ctrl.run_pass())
+    assert h.clock.now() - started >= h.ctrl.pass_timeout and 0 <= delay <= h.ctrl.poll_seconds
+    platform.hang = False
+    h.platform.fail_pod("demo-cell-0")
+    await h.ctrl.run_pass()  # the timed-out pass let go of the mutex
+    assert h.states() == [S.Unhealthy]
 
 
 async def test_audit_log_records_transitions_and_updates(tmp_path: Path) -> None:
