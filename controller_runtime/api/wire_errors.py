@@ -31,7 +31,7 @@ same failure in-process and over HTTP:
         ├── ControllerConflict                       409 ControllerError (any other ControllerError)
         ├── ControllerInternalError                  500 InternalError
         ├── ControllerEngineError (EngineError)      502 EngineError
-        │   └── ControllerEngineTimeout              504 EngineTimeout
+        │   └── ControllerEngineTimeout (…)          504 EngineTimeout
         └── ControllerUnavailable                    (status 0: Unreachable, Timeout)
             ├── ControllerNotLeader                  503 NotLeader, retried
             ├── ControllerReviewUnavailable          503 ReviewUnavailable, retried
@@ -160,7 +160,7 @@ class ControllerEngineError(ControllerAPIError, EngineError):
         self.endpoint = ""  # not on the wire; the message names it
 
 
-class ControllerEngineTimeout(ControllerEngineError):
+class ControllerEngineTimeout(ControllerEngineError, EngineTimeout):
     """An engine did not answer the controller in time."""
 
 
