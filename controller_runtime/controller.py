@@ -13,7 +13,7 @@ holds the cell lifecycle (reconcile, healing, probes) and the weight-update wind
 memory to `memory.FleetMemory` and eval pinning to `evalfleet.EvalCells`, both over the same
 fleet.
 
-Decisions worth knowing (see DESIGN.md "Engine cell lifecycle"):
+Decisions worth knowing (see docs/design.md "The engine cell state machine"):
 
 - Cells are named `<job>-cell-<index>`; each recreation bumps `generation`, which the
   platform stamps on the pods, so retries and restarts never double a cell.

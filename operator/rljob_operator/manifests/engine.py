@@ -3,7 +3,7 @@
 Design choices (why):
 
 * Bare pods, restartPolicy Never, no owning StatefulSet/LeaderWorkerSet: the cell is the unit
-  of restart (DESIGN.md), so the controller deletes and recreates whole cells itself, with a
+  of restart (docs/design.md), so the controller deletes and recreates whole cells itself, with a
   new generation in the pod names; a kubelet restarting one container of a multi-node
   engine would leave the others wedged in a broken process group. For the same reason there
   is no livenessProbe: health is the controller's probe, which also knows when an engine is
