@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from controller_runtime.clock import Clock
 
@@ -36,6 +36,6 @@ async def call_within(clock: Clock, call: Awaitable[T], seconds: float) -> T:
     raise TimeoutError(f"no answer within {seconds:g} s")
 
 
-def _consume(task: asyncio.Future[object]) -> None:
+def _consume(task: asyncio.Future[Any]) -> None:
     if not task.cancelled():
         task.exception()

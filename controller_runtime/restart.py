@@ -18,7 +18,7 @@ class RestartBudget:
     def delay(self, restarts_so_far: int) -> float:
         """Seconds before the next recreation: min(backoff * 2**n, maxBackoff)."""
         n = min(max(0, restarts_so_far), _MAX_EXPONENT)
-        return min(self.spec.backoff_seconds * (2**n), self.spec.max_backoff_seconds)
+        return min(self.spec.backoff_seconds * (2.0**n), self.spec.max_backoff_seconds)
 
     def exhausted(self, restarts_so_far: int) -> bool:
         return restarts_so_far >= self.spec.max_restarts

@@ -6,6 +6,8 @@ makes the API server (and local mode) reject a misspelt field instead of droppin
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
 
@@ -19,6 +21,6 @@ class ApiModel(BaseModel):
         validate_assignment=True,
     )
 
-    def to_wire(self) -> dict:
+    def to_wire(self) -> dict[str, Any]:
         """The dict as it is stored in Kubernetes: camelCase, no unset optionals."""
         return self.model_dump(by_alias=True, exclude_none=True, mode="json")

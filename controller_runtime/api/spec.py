@@ -64,7 +64,7 @@ class PvcSource(ApiModel):
     """A PersistentVolumeClaim and a path inside it."""
 
     claim_name: str = Field(min_length=1, max_length=MAX_NAME, description="Name of the PersistentVolumeClaim (in the RLJob's namespace).")
-    sub_path: str = Field("", max_length=MAX_PATH, description="Path inside the claim.")
+    sub_path: str = Field(default="", max_length=MAX_PATH, description="Path inside the claim.")
 
 
 MODEL_SOURCE_MSG = "spec.model: set path or pvc (where the weights are)"
@@ -82,13 +82,13 @@ class ModelSpec(ApiModel):
     }
 
     path: str | None = Field(
-        None,
+        default=None,
         min_length=1,
         max_length=MAX_PATH,
         description="Path to a HuggingFace-format model directory (local mode, or a hostPath/volume path).",
     )
-    pvc: PvcSource | None = Field(None, description="PVC holding the model; mounted at /models in engine and trainer pods.")
-    tokenizer: str | None = Field(None, max_length=MAX_PATH, description="Tokenizer directory; defaults to the model directory.")
+    pvc: PvcSource | None = Field(default=None, description="PVC holding the model; mounted at /models in engine and trainer pods.")
+    tokenizer: str | None = Field(default=None, max_length=MAX_PATH, description="Tokenizer directory; defaults to the model directory.")
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSpec:
@@ -100,11 +100,11 @@ class ModelSpec(ApiModel):
 class HealthCheckSpec(ApiModel):
     """Engine health probing (miles' rollout health check). Failures are consecutive; one success resets."""
 
-    interval_seconds: float = Field(30, gt=0, description="Seconds between probes of one cell.")
-    timeout_seconds: float = Field(30, gt=0, description="A probe not answered within this many seconds is a failure.")
-    failure_threshold: int = Field(3, ge=1, description="Consecutive failed probes that make a cell Unhealthy.")
-    initial_delay_seconds: float = Field(0, ge=0, description="Grace period after start and after every resume before the first probe counts.")
-    startup_deadline_seconds: float = Field(1800, gt=0, description="A cell still starting after this long is Unhealthy (StartupDeadlineExceeded).")
+    interval_seconds: float = Field(default=30, gt=0, description="Seconds between probes of one cell.")
+    timeout_seconds: float = Field(default=30, gt=0, description="A probe not answered within this many seconds is a failure.")
+    failure_threshold: int = Field(default=3, ge=1, description="Consecutive failed probes that make a cell Unhealthy.")
+    initial_delay_seconds: float = Field(default=0, ge=0, description="Grace period after start and after every resume before the first probe counts.")
+    startup_deadline_seconds: float = Field(default=1800, gt=0, description="A cell still starting after this long is Unhealthy (StartupDeadlineExceeded).")
 
 
 RESTART_BACKOFF_MSG = "spec.inference.restartPolicy.backoffSeconds must not exceed spec.inference.restartPolicy.maxBackoffSeconds"
@@ -119,9 +119,9 @@ class RestartPolicySpec(ApiModel):
         )
     }
 
-    backoff_seconds: float = Field(5, ge=0, description="First delay before recreating an unhealthy cell; doubles after each failed restart.")
-    max_backoff_seconds: float = Field(300, ge=0, description="Upper bound of the restart delay.")
-    max_restarts: int = Field(5, ge=0, description="Recreations allowed per cell; when spent, the job reports EnginesHealthy=False/RestartBudgetExhausted.")
+    backoff_seconds: float = Field(default=5, ge=0, description="First delay before recreating an unhealthy cell; doubles after each failed restart.")
+    max_backoff_seconds: float = Field(default=300, ge=0, description="Upper bound of the restart delay.")
+    max_restarts: int = Field(default=5, ge=0, description="Recreations allowed per cell; when spent, the job reports EnginesHealthy=False/RestartBudgetExhausted.")
 
     @model_validator(mode="after")
     def _backoff_bounded(self) -> RestartPolicySpec:
@@ -140,7 +140,7 @@ class OffloadSpec(ApiModel):
         "json_schema_extra": cel(("!self.enabled || size(self.tags) > 0", OFFLOAD_TAGS_MSG, ".tags")),
     }
 
-    enabled: bool = Field(False, description="Offload engines around each training step.")
+    enabled: bool = Field(default=False, description="Offload engines around each training step.")
     tags: list[MemoryTag] = Field(
         default_factory=lambda: [MemoryTag.weights, MemoryTag.kv_cache, MemoryTag.cuda_graph],
         max_length=3,
@@ -163,7 +163,7 @@ class RouterSpec(ApiModel):
 class EvalFleetSpec(ApiModel):
     """A frozen fleet pinned to a checkpoint, used for evaluation only. It never takes weight updates."""
 
-    replicas: int = Field(1, ge=1, le=1024, description="Eval cells.")
+    replicas: int = Field(default=1, ge=1, le=1024, description="Eval cells.")
     checkpoint: str = Field(min_length=1, max_length=MAX_PATH, description="Weights directory the eval fleet is pinned to (required: an eval fleet without a checkpoint has nothing to evaluate).")
     weight_version: str = Field(min_length=1, max_length=MAX_NAME, description="Version every eval engine must report before eval runs.")
 
@@ -182,29 +182,29 @@ class PauseMode(StrEnum):
 class WeightUpdateSpec(ApiModel):
     """How new weights reach the engines after each training step."""
 
-    method: WeightUpdateMethod = Field(WeightUpdateMethod.disk, description="disk: safetensors on shared storage + engine reload; nccl: broadcast into a process group (GPU engines only).")
-    pause_mode: PauseMode = Field(PauseMode.wait, description="How in-flight requests are treated while weights change (vLLM /pause?mode=).")
-    check_weights: bool = Field(False, description="Snapshot engine weight checksums before, compare after (miles check_weight_update_equal).")
-    lock_timeout_seconds: float = Field(600, gt=0, description="An update window left open longer than this is aborted and reported.")
-    shared_path: str = Field("/checkpoints", min_length=1, max_length=MAX_PATH, description="Shared directory where the trainer writes weights for disk updates.")
-    pvc: PvcSource | None = Field(None, description="PVC mounted at sharedPath in engine and trainer pods (disk updates across pods need shared storage).")
+    method: WeightUpdateMethod = Field(default=WeightUpdateMethod.disk, description="disk: safetensors on shared storage + engine reload; nccl: broadcast into a process group (GPU engines only).")
+    pause_mode: PauseMode = Field(default=PauseMode.wait, description="How in-flight requests are treated while weights change (vLLM /pause?mode=).")
+    check_weights: bool = Field(default=False, description="Snapshot engine weight checksums before, compare after (miles check_weight_update_equal).")
+    lock_timeout_seconds: float = Field(default=600, gt=0, description="An update window left open longer than this is aborted and reported.")
+    shared_path: str = Field(default="/checkpoints", min_length=1, max_length=MAX_PATH, description="Shared directory where the trainer writes weights for disk updates.")
+    pvc: PvcSource | None = Field(default=None, description="PVC mounted at sharedPath in engine and trainer pods (disk updates across pods need shared storage).")
 
 
 class Toleration(ApiModel):
     """A Pod toleration (same fields as the Pod spec's)."""
 
-    key: str | None = Field(None, max_length=316, description="Taint key; empty with operator Exists matches every taint.")
-    operator: Literal["Exists", "Equal"] | None = Field(None, description="Exists or Equal (the Pod spec's default is Equal).")
-    value: str | None = Field(None, max_length=63, description="Taint value for operator Equal.")
-    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(None, description="Taint effect to match; empty matches all effects.")
-    toleration_seconds: int | None = Field(None, description="For NoExecute: how long the pod stays bound after the taint appears.")
+    key: str | None = Field(default=None, max_length=316, description="Taint key; empty with operator Exists matches every taint.")
+    operator: Literal["Exists", "Equal"] | None = Field(default=None, description="Exists or Equal (the Pod spec's default is Equal).")
+    value: str | None = Field(default=None, max_length=63, description="Taint value for operator Equal.")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(default=None, description="Taint effect to match; empty matches all effects.")
+    toleration_seconds: int | None = Field(default=None, description="For NoExecute: how long the pod stays bound after the taint appears.")
 
 
 class EnvVar(ApiModel):
     """A plain environment variable."""
 
     name: str = Field(min_length=1, max_length=MAX_NAME, description="Variable name.")
-    value: str = Field("", description="Variable value.")
+    value: str = Field(default="", description="Variable value.")
 
 
 class Resources(ApiModel):
@@ -227,11 +227,11 @@ class Placement(ApiModel):
     node_selector: dict[str, str] = Field(default_factory=dict, max_length=64, description="Node labels the pods require, e.g. nvidia.com/gpu.product.")
     tolerations: list[Toleration] = Field(default_factory=list, max_length=64, description="Taints the pods tolerate.")
     affinity: dict[str, Any] | None = Field(
-        None,
+        default=None,
         json_schema_extra={"x-kubernetes-preserve-unknown-fields": True, "type": "object"},
         description="A Pod affinity block (nodeAffinity, podAffinity, podAntiAffinity), passed through unchanged.",
     )
-    priority_class_name: str | None = Field(None, max_length=MAX_NAME, description="PriorityClass of the pods.")
+    priority_class_name: str | None = Field(default=None, max_length=MAX_NAME, description="PriorityClass of the pods.")
 
 
 def cell_shape_message(gpus_per_engine: int, gpus_per_node: int) -> str:
@@ -296,14 +296,14 @@ class InferenceSpec(ApiModel):
         )
     }
 
-    engine: Engine = Field(Engine.vllm, description="Inference engine: vllm or sglang. Immutable.")
-    image: str = Field("vllm/vllm-openai:v0.32.0", min_length=1, max_length=MAX_IMAGE, description="Engine container image.")
-    replicas: int = Field(1, ge=0, le=1024, description="Number of engine cells (data-parallel engines). Can be changed live.")
-    gpus_per_engine: int = Field(1, ge=0, le=512, description="GPUs of one engine (tensor x pipeline parallel). 0 runs on CPU (local mode, tests). Immutable.")
-    gpus_per_node: int = Field(8, ge=1, le=64, description="GPUs per node; a cell spans ceil(gpusPerEngine/gpusPerNode) pods. Immutable.")
-    tensor_parallel_size: int | None = Field(None, ge=1, le=512, description="Defaults to min(gpusPerEngine, gpusPerNode).")
-    pipeline_parallel_size: int | None = Field(None, ge=1, le=512, description="Defaults to the number of pods in a cell.")
-    port: int = Field(8000, ge=1, le=65535, description="Engine HTTP port.")
+    engine: Engine = Field(default=Engine.vllm, description="Inference engine: vllm or sglang. Immutable.")
+    image: str = Field(default="vllm/vllm-openai:v0.32.0", min_length=1, max_length=MAX_IMAGE, description="Engine container image.")
+    replicas: int = Field(default=1, ge=0, le=1024, description="Number of engine cells (data-parallel engines). Can be changed live.")
+    gpus_per_engine: int = Field(default=1, ge=0, le=512, description="GPUs of one engine (tensor x pipeline parallel). 0 runs on CPU (local mode, tests). Immutable.")
+    gpus_per_node: int = Field(default=8, ge=1, le=64, description="GPUs per node; a cell spans ceil(gpusPerEngine/gpusPerNode) pods. Immutable.")
+    tensor_parallel_size: int | None = Field(default=None, ge=1, le=512, description="Defaults to min(gpusPerEngine, gpusPerNode).")
+    pipeline_parallel_size: int | None = Field(default=None, ge=1, le=512, description="Defaults to the number of pods in a cell.")
+    port: int = Field(default=8000, ge=1, le=65535, description="Engine HTTP port.")
     engine_args: list[str] = Field(default_factory=list, max_length=MAX_ARGS, description="Extra engine command-line arguments.")
     env: list[EnvVar] = Field(default_factory=list, max_length=MAX_ENV, description="Extra engine environment.")
     resources: Resources = Field(default_factory=Resources, description="Engine container resources besides GPUs (GPUs come from gpusPerEngine).")
@@ -313,8 +313,8 @@ class InferenceSpec(ApiModel):
     restart_policy: RestartPolicySpec = Field(default_factory=RestartPolicySpec, description="How unhealthy cells are recreated, and how often at most.")
     offload: OffloadSpec = Field(default_factory=OffloadSpec, description="Release engine memory during training (needed when spec.trainer.colocate is true).")
     weight_update: WeightUpdateSpec = Field(default_factory=WeightUpdateSpec, description="How new weights reach the engines.")
-    router: RouterSpec | None = Field(None, description="Optional external router; absent means clients use the <job>-engines Service.")
-    eval: EvalFleetSpec | None = Field(None, description="Optional eval fleet pinned to a checkpoint.")
+    router: RouterSpec | None = Field(default=None, description="Optional external router; absent means clients use the <job>-engines Service.")
+    eval: EvalFleetSpec | None = Field(default=None, description="Optional eval fleet pinned to a checkpoint.")
 
     @property
     def pods_per_cell(self) -> int:
@@ -349,28 +349,28 @@ class DatasetSpec(ApiModel):
     """The prompts the executor samples from."""
 
     path: str = Field(min_length=1, max_length=MAX_PATH, description="JSONL or Parquet file of prompts (a path inside the executor pod, or local path in local mode).")
-    pvc: PvcSource | None = Field(None, description="PVC holding the dataset, mounted at /data in the executor pod; path is then relative to /data.")
-    format: DatasetFormat | None = Field(None, description="Defaults to the file extension.")
-    prompt_field: str = Field("prompt", min_length=1, max_length=MAX_NAME, description="Field holding the prompt text.")
-    label_field: str | None = Field("label", max_length=MAX_NAME, description="Field handed to the reward function as the reference answer; empty for rewards that need none (null means the same, but client-side `kubectl apply` drops nulls, so write \"\").")
-    shuffle: bool = Field(True, description="Shuffle deterministically each epoch.")
-    seed: int = Field(0, description="Seed of the shuffle; the position is saved so a restart resumes.")
+    pvc: PvcSource | None = Field(default=None, description="PVC holding the dataset, mounted at /data in the executor pod; path is then relative to /data.")
+    format: DatasetFormat | None = Field(default=None, description="Defaults to the file extension.")
+    prompt_field: str = Field(default="prompt", min_length=1, max_length=MAX_NAME, description="Field holding the prompt text.")
+    label_field: str | None = Field(default="label", max_length=MAX_NAME, description="Field handed to the reward function as the reference answer; empty for rewards that need none (null means the same, but client-side `kubectl apply` drops nulls, so write \"\").")
+    shuffle: bool = Field(default=True, description="Shuffle deterministically each epoch.")
+    seed: int = Field(default=0, description="Seed of the shuffle; the position is saved so a restart resumes.")
 
 
 class SamplingSpec(ApiModel):
     """How each prompt is sampled."""
 
-    n_samples_per_prompt: int = Field(8, ge=1, le=1024, description="Samples per prompt (one GRPO group; at least 2 for GRPO).")
-    max_tokens: int = Field(64, ge=1, le=1_048_576, description="New tokens per sample.")
-    temperature: float = Field(1.0, ge=0, description="Sampling temperature.")
-    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling.")
+    n_samples_per_prompt: int = Field(default=8, ge=1, le=1024, description="Samples per prompt (one GRPO group; at least 2 for GRPO).")
+    max_tokens: int = Field(default=64, ge=1, le=1_048_576, description="New tokens per sample.")
+    temperature: float = Field(default=1.0, ge=0, description="Sampling temperature.")
+    top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling.")
 
 
 class RewardSpec(ApiModel):
     """The reward function that scores each sample."""
 
     function: str = Field(
-        "rollout_executor.rewards:exact_match",
+        default="rollout_executor.rewards:exact_match",
         max_length=MAX_NAME,
         pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
         description="Import path `module:function` of the reward; built-ins in rollout_executor.rewards: exact_match, regex_match, math_answer, token_set_fraction.",
@@ -386,33 +386,33 @@ class OnWeightUpdate(StrEnum):
 class RayClusterSpec(ApiModel):
     """Run the executor's Ray on a KubeRay RayCluster instead of inside the executor pod."""
 
-    ray_version: str = Field("2.60.0", max_length=64, description="Ray version of the RayCluster.")
-    image: str = Field("rayproject/ray:2.60.0", max_length=MAX_IMAGE, description="Ray image.")
-    workers: int = Field(0, ge=0, le=1024, description="CPU worker replicas.")
+    ray_version: str = Field(default="2.60.0", max_length=64, description="Ray version of the RayCluster.")
+    image: str = Field(default="rayproject/ray:2.60.0", max_length=MAX_IMAGE, description="Ray image.")
+    workers: int = Field(default=0, ge=0, le=1024, description="CPU worker replicas.")
 
 
 class RolloutSpec(ApiModel):
     """The RolloutExecutor: generation against the serving engines, scoring, batches for the trainers."""
 
-    image: str = Field("ghcr.io/rljob/rollout-executor:0.1.0", min_length=1, max_length=MAX_IMAGE, description="RolloutExecutor image.")
+    image: str = Field(default="ghcr.io/rljob/rollout-executor:0.1.0", min_length=1, max_length=MAX_IMAGE, description="RolloutExecutor image.")
     resources: Resources = Field(default_factory=Resources, description="Executor container resources.")
     dataset: DatasetSpec = Field(description="Prompts to sample from.")
     sampling: SamplingSpec = Field(default_factory=SamplingSpec, description="Samples per prompt, length and temperature.")
     reward: RewardSpec = Field(default_factory=RewardSpec, description="Reward function.")
-    batch_size: int = Field(8, ge=1, le=65536, description="Prompts per rollout (samples per rollout = batchSize x nSamplesPerPrompt).")
-    max_staleness: int = Field(1, ge=0, le=1024, description="How many weight versions a sample may lag behind the current version when handed to a trainer.")
-    concurrency: int = Field(16, ge=1, le=65536, description="In-flight generation requests per engine.")
-    on_weight_update: OnWeightUpdate = Field(OnWeightUpdate.drain, description="drain: finish in-flight requests first; abort: abort and retry them on the new weights.")
-    ray_cluster: RayClusterSpec | None = Field(None, description="Optional KubeRay RayCluster for the executor.")
+    batch_size: int = Field(default=8, ge=1, le=65536, description="Prompts per rollout (samples per rollout = batchSize x nSamplesPerPrompt).")
+    max_staleness: int = Field(default=1, ge=0, le=1024, description="How many weight versions a sample may lag behind the current version when handed to a trainer.")
+    concurrency: int = Field(default=16, ge=1, le=65536, description="In-flight generation requests per engine.")
+    on_weight_update: OnWeightUpdate = Field(default=OnWeightUpdate.drain, description="drain: finish in-flight requests first; abort: abort and retry them on the new weights.")
+    ray_cluster: RayClusterSpec | None = Field(default=None, description="Optional KubeRay RayCluster for the executor.")
 
 
 class ReferenceTrainerSpec(ApiModel):
     """The bundled torch trainer (GRPO/REINFORCE), used when spec.trainer.command and workloadRef are unset."""
 
-    steps: int = Field(50, ge=1, description="Training steps (one rollout each).")
-    learning_rate: float = Field(1e-3, gt=0, description="Adam learning rate.")
-    algorithm: Literal["grpo", "reinforce"] = Field("grpo", description="grpo: advantages normalised within each prompt's group of samples; reinforce: reward minus the batch mean.")
-    save_every: int = Field(0, ge=0, description="Checkpoint every N steps (0: only weight-sync files).")
+    steps: int = Field(default=50, ge=1, description="Training steps (one rollout each).")
+    learning_rate: float = Field(default=1e-3, gt=0, description="Adam learning rate.")
+    algorithm: Literal["grpo", "reinforce"] = Field(default="grpo", description="grpo: advantages normalised within each prompt's group of samples; reinforce: reward minus the batch mean.")
+    save_every: int = Field(default=0, ge=0, description="Checkpoint every N steps (0: only weight-sync files).")
 
 
 class WorkloadRef(ApiModel):
@@ -438,19 +438,19 @@ class TrainerSpec(ApiModel):
         )
     }
 
-    image: str = Field("ghcr.io/rljob/trainer:0.1.0", min_length=1, max_length=MAX_IMAGE, description="Trainer container image.")
-    replicas: int = Field(1, ge=0, le=4096, description="Trainer pods (WORLD_SIZE). Can be changed live.")
-    gpus_per_replica: int = Field(8, ge=0, le=64, description="GPUs of each trainer pod (0: CPU).")
-    command: list[str] | None = Field(None, max_length=MAX_ARGS, description="Trainer command; defaults to the reference trainer.")
+    image: str = Field(default="ghcr.io/rljob/trainer:0.1.0", min_length=1, max_length=MAX_IMAGE, description="Trainer container image.")
+    replicas: int = Field(default=1, ge=0, le=4096, description="Trainer pods (WORLD_SIZE). Can be changed live.")
+    gpus_per_replica: int = Field(default=8, ge=0, le=64, description="GPUs of each trainer pod (0: CPU).")
+    command: list[str] | None = Field(default=None, max_length=MAX_ARGS, description="Trainer command; defaults to the reference trainer.")
     args: list[str] = Field(default_factory=list, max_length=MAX_ARGS, description="Arguments appended to the command.")
     env: list[EnvVar] = Field(default_factory=list, max_length=MAX_ENV, description="Extra trainer environment (RANK, WORLD_SIZE, MASTER_ADDR... are injected).")
     resources: Resources = Field(default_factory=Resources, description="Trainer container resources besides GPUs.")
     placement: Placement = Field(default_factory=Placement, description="nodeSelector, tolerations, affinity, priorityClassName of trainer pods.")
     pod_metadata: PodMetadata = Field(default_factory=PodMetadata, description="Extra labels/annotations on trainer pods.")
-    service_account_name: str | None = Field(None, max_length=MAX_NAME, description="ServiceAccount of trainer pods; it must be allowed `update` on rljobs/control.")
-    colocate: bool = Field(False, description="Trainer shares GPUs with engines; requires spec.inference.offload.enabled.")
+    service_account_name: str | None = Field(default=None, max_length=MAX_NAME, description="ServiceAccount of trainer pods; it must be allowed `update` on rljobs/control.")
+    colocate: bool = Field(default=False, description="Trainer shares GPUs with engines; requires spec.inference.offload.enabled.")
     reference: ReferenceTrainerSpec = Field(default_factory=ReferenceTrainerSpec, description="Settings of the bundled reference trainer.")
-    workload_ref: WorkloadRef | None = Field(None, description="A trainer workload you run yourself (then no trainer pods are created).")
+    workload_ref: WorkloadRef | None = Field(default=None, description="A trainer workload you run yourself (then no trainer pods are created).")
 
     @property
     def uses_reference_trainer(self) -> bool:
@@ -494,8 +494,8 @@ class RLJobSpec(ApiModel):
     inference: InferenceSpec = Field(description="The inference engine fleet.")
     rollout: RolloutSpec = Field(description="The rollout executor: dataset, sampling, reward.")
     trainer: TrainerSpec = Field(default_factory=TrainerSpec, description="The trainer workload.")
-    suspend: bool = Field(False, description="Delete engine and trainer pods but keep the job (Kueue-compatible); false again recreates them.")
-    ttl_seconds_after_finished: int | None = Field(None, ge=0, description="Delete the job this long after it Succeeded or Failed.")
+    suspend: bool = Field(default=False, description="Delete engine and trainer pods but keep the job (Kueue-compatible); false again recreates them.")
+    ttl_seconds_after_finished: int | None = Field(default=None, ge=0, description="Delete the job this long after it Succeeded or Failed.")
 
     @model_validator(mode="after")
     def _coherent(self) -> RLJobSpec:

@@ -46,31 +46,31 @@ class Condition(ApiModel):
 
     type: str = Field(description="Ready, EnginesHealthy, Progressing, Suspended or Failed.")
     status: str = Field(pattern="^(True|False|Unknown)$", description="True, False or Unknown.")
-    reason: str = Field("", description="CamelCase reason of the last transition.")
-    message: str = Field("", description="What happened, for a person.")
-    last_transition_time: str | None = Field(None, description="When status last changed (RFC 3339).")
-    observed_generation: int | None = Field(None, description="metadata.generation the condition was computed from.")
+    reason: str = Field(default="", description="CamelCase reason of the last transition.")
+    message: str = Field(default="", description="What happened, for a person.")
+    last_transition_time: str | None = Field(default=None, description="When status last changed (RFC 3339).")
+    observed_generation: int | None = Field(default=None, description="metadata.generation the condition was computed from.")
 
 
 class EngineStatus(ApiModel):
     """One engine cell as `kubectl describe` shows it."""
 
     name: str = Field(description="Cell name, <job>-cell-<index> (eval cells: <job>-eval-<index>).")
-    index: int = Field(0, description="Cell index in the fleet.")
-    state: CellState = Field(CellState.Pending, description="Pending, Starting, PendingWeights, Serving, Offloaded, Unhealthy or Failed.")
-    generation: int = Field(0, description="Bumped on every recreation; a window snapshot remembers it.")
+    index: int = Field(default=0, description="Cell index in the fleet.")
+    state: CellState = Field(default=CellState.Pending, description="Pending, Starting, PendingWeights, Serving, Offloaded, Unhealthy or Failed.")
+    generation: int = Field(default=0, description="Bumped on every recreation; a window snapshot remembers it.")
     pods: list[str] = Field(default_factory=list, description="Pods of the cell (several for a multi-node cell).")
-    endpoint: str | None = Field(None, description="Base URL of the cell's engine HTTP API.")
+    endpoint: str | None = Field(default=None, description="Base URL of the cell's engine HTTP API.")
     memory: list[str] = Field(default_factory=list, description="Memory tags currently released (offloaded).")
-    state_before_offload: CellState | None = Field(None, description="The state an Offloaded cell returns to once its weights are onloaded.")
-    weight_version: str | None = Field(None, description="Weight version the engine reports.")
-    consecutive_failures: int = Field(0, description="Failed health probes in a row.")
-    restarts: int = Field(0, description="Recreations so far (counted against spec.inference.restartPolicy.maxRestarts).")
-    pod_restarts: int = Field(0, description="Container restarts last observed on the cell's pods; an increase means the engine lost its weights.")
-    last_probe_time: str | None = Field(None, description="When the cell was last probed (RFC 3339).")
-    last_transition_time: str | None = Field(None, description="When the state last changed (RFC 3339).")
-    next_restart_time: str | None = Field(None, description="When a backed-off recreation is due.")
-    message: str = Field("", description="Why the cell is in its state, for a person.")
+    state_before_offload: CellState | None = Field(default=None, description="The state an Offloaded cell returns to once its weights are onloaded.")
+    weight_version: str | None = Field(default=None, description="Weight version the engine reports.")
+    consecutive_failures: int = Field(default=0, description="Failed health probes in a row.")
+    restarts: int = Field(default=0, description="Recreations so far (counted against spec.inference.restartPolicy.maxRestarts).")
+    pod_restarts: int = Field(default=0, description="Container restarts last observed on the cell's pods; an increase means the engine lost its weights.")
+    last_probe_time: str | None = Field(default=None, description="When the cell was last probed (RFC 3339).")
+    last_transition_time: str | None = Field(default=None, description="When the state last changed (RFC 3339).")
+    next_restart_time: str | None = Field(default=None, description="When a backed-off recreation is due.")
+    message: str = Field(default="", description="Why the cell is in its state, for a person.")
 
 
 class LockStatus(ApiModel):
@@ -80,7 +80,7 @@ class LockStatus(ApiModel):
     since: str = Field(description="When the window opened (RFC 3339).")
     expires: str = Field(description="When the window is aborted unless ended first (RFC 3339).")
     snapshot: dict[str, int] = Field(default_factory=dict, description="cell name -> generation at window start.")
-    weights_checksums: dict[str, dict[str, str]] | None = Field(None, description="cell name -> parameter -> checksum before the update (spec.inference.weightUpdate.checkWeights).")
+    weights_checksums: dict[str, dict[str, str]] | None = Field(default=None, description="cell name -> parameter -> checksum before the update (spec.inference.weightUpdate.checkWeights).")
 
 
 class RLJobStatus(ApiModel):
@@ -88,16 +88,16 @@ class RLJobStatus(ApiModel):
 
     model_config = ApiModel.model_config | {"extra": "ignore"}
 
-    phase: Phase = Field(Phase.Pending, description="Pending, Starting, Running, Suspended, Succeeded or Failed.")
+    phase: Phase = Field(default=Phase.Pending, description="Pending, Starting, Running, Suspended, Succeeded or Failed.")
     conditions: list[Condition] = Field(default_factory=list, description="Ready, EnginesHealthy, Progressing, Suspended, Failed.")
-    observed_generation: int | None = Field(None, description="metadata.generation the status was computed from.")
+    observed_generation: int | None = Field(default=None, description="metadata.generation the status was computed from.")
     engines: list[EngineStatus] = Field(default_factory=list, description="One entry per engine cell.")
-    weight_version: str | None = Field(None, description="Weight version the serving engines hold.")
-    rollout_id: int | None = Field(None, description="Last rollout handed to the trainers.")
-    lock: LockStatus | None = Field(None, description="The open weight-update window, if any.")
-    ready_engines: int = Field(0, description="Cells Serving.")
-    total_engines: int = Field(0, description="Cells desired.")
-    ready: str = Field("0/0", description="ready/total engine cells, for the printer column.")
-    restarts_total: int = Field(0, description="Cell recreations over the job's life.")
-    start_time: str | None = Field(None, description="When the job started (RFC 3339).")
-    completion_time: str | None = Field(None, description="When the job Succeeded or Failed (RFC 3339).")
+    weight_version: str | None = Field(default=None, description="Weight version the serving engines hold.")
+    rollout_id: int | None = Field(default=None, description="Last rollout handed to the trainers.")
+    lock: LockStatus | None = Field(default=None, description="The open weight-update window, if any.")
+    ready_engines: int = Field(default=0, description="Cells Serving.")
+    total_engines: int = Field(default=0, description="Cells desired.")
+    ready: str = Field(default="0/0", description="ready/total engine cells, for the printer column.")
+    restarts_total: int = Field(default=0, description="Cell recreations over the job's life.")
+    start_time: str | None = Field(default=None, description="When the job started (RFC 3339).")
+    completion_time: str | None = Field(default=None, description="When the job Succeeded or Failed (RFC 3339).")

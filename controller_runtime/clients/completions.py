@@ -98,7 +98,8 @@ def parse_completion(endpoint: str, body: Any, *, want_logprobs: bool) -> Comple
                 prompt_token_ids=None if prompt_ids is None else _int_list(endpoint, where, prompt_ids),
             )
         )
-    usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
+    raw_usage = body.get("usage")
+    usage: dict[str, Any] = raw_usage if isinstance(raw_usage, dict) else {}
     return Completion(
         id=str(body.get("id", "")),
         model=str(body.get("model", "")),

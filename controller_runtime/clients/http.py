@@ -12,7 +12,7 @@ import asyncio
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar, overload
 
 import aiohttp
 
@@ -135,7 +135,18 @@ def expect_object(endpoint: str, route: str, value: Any) -> dict[str, Any]:
     return value
 
 
-def expect_field(endpoint: str, route: str, obj: Any, key: str, kind: type | tuple[type, ...]) -> Any:
+T = TypeVar("T")
+
+
+@overload
+def expect_field(endpoint: str, route: str, obj: Any, key: str, kind: type[T]) -> T: ...
+
+
+@overload
+def expect_field(endpoint: str, route: str, obj: Any, key: str, kind: tuple[type[Any], ...]) -> Any: ...
+
+
+def expect_field(endpoint: str, route: str, obj: Any, key: str, kind: type[Any] | tuple[type[Any], ...]) -> Any:
     """obj[key], checked to be of `kind`; a missing or mistyped field is a protocol error."""
     body = expect_object(endpoint, route, obj)
     if key not in body:
