@@ -27,7 +27,8 @@ log = logging.getLogger(__name__)
 
 
 class EngineProcess(Protocol):
-    endpoint: str
+    @property
+    def endpoint(self) -> str: ...
 
     @property
     def pid(self) -> int | None: ...

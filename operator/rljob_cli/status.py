@@ -7,7 +7,7 @@ resource's status only (the operator writes everything the controller knows ther
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, cast
 
 from controller_runtime.api import GROUP, PLURAL, VERSION, RLJobStatus
 
@@ -47,5 +47,5 @@ def status(name: str, namespace: str | None, kubeconfig: str | None) -> int:
     except ApiException as exc:
         print(f"rljob status: {ns}/{name}: {exc.status} {exc.reason}", file=sys.stderr)
         return 1
-    print(render(name, ns, obj))
+    print(render(name, ns, cast("dict[str, Any]", obj)))  # a custom object is a JSON object
     return 0
