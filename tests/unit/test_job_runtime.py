@@ -170,3 +170,33 @@ async def test_standby_runtime_takes_no_action():
     rt.acting = lambda: False
     await settle(rt)
     assert platform.created == [] and kube.patches == [] and applied == []
+
+
+async def test_a_trainer_job_whose_pod_template_is_refused_is_deleted_and_recreated():
+    from rljob_operator.kubeapi import api_error
+
+    clock, platform = FakeClock(), FakePlatform()
+    body = rljob()
+    body["spec"]["trainer"] = {"replicas": 1, "gpusPerReplica": 0}
+    rt, kube, applied = runtime(body, platform, clock)
+    refused: list[str] = []
+    deleted: list[str] = []
+    record = kube.apply
+
+    async def apply(obj: dict[str, Any]) -> dict[str, Any]:
+        if obj["kind"] == "Job" and not refused:
+            refused.append(obj["metadata"]["name"])
+            raise api_error("PATCH job", 422, "Unprocessable Entity", '{"message": "field is immutable"}')
+        return await record(obj)
+
+    async def delete_job(ns: str, name: str) -> None:
+        deleted.append(name)
+
+    kube.apply, kube.delete_job = apply, delete_job
+    rt.recorder.start()
+    await rt.run_pass()
+    await rt.recorder.flush()
+    assert refused == deleted == ["job-trainer"]
+    assert [o["metadata"]["name"] for o in applied if o["kind"] == "Job"] == ["job-trainer"]
+    assert "TrainerRecreated" in {r for _, r, _ in kube.events}
+    await rt.recorder.close()

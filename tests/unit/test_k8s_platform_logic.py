@@ -220,3 +220,14 @@ async def test_engine_pods_without_cell_labels_are_ignored() -> None:
     store.pods["stray"] = stray
     assert [c.name for c in await p.observe_cells()] == ["llama-8b-cell-0"]
     assert "stray" in store.pods
+
+
+def test_api_errors_form_one_tree_keyed_by_status() -> None:
+    from rljob_operator.kubeapi import Conflict, Invalid, NotFound
+
+    assert [type(api_error("GET x", s, "r")) for s in (404, 409, 422, 500, 0)] == [
+        NotFound, Conflict, Invalid, KubeApiError, KubeApiError,
+    ]
+    e = api_error("PATCH /apis/batch/v1/namespaces/ns/jobs/t", 422, "Unprocessable Entity", '{"message": "field is immutable"}')
+    assert isinstance(e, KubeApiError) and e.status == 422
+    assert str(e) == "PATCH /apis/batch/v1/namespaces/ns/jobs/t: HTTP 422: field is immutable"

@@ -11,5 +11,6 @@
 
 A step takes the objects it works on and returns what it saw; only `job_runtime` knows the
 order and folds the observations into the status writer's input. The layers (import-linter,
-pyproject.toml): job_runtime > lifecycle | delete > children | engines > context | flow | status_writer.
+pyproject.toml): job_runtime > lifecycle | delete > children | engines | status_writer >
+context | flow | status.
 """

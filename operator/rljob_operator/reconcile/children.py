@@ -14,7 +14,6 @@ Kubeflow Trainer and JobSet do when a gang's shape changes.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,7 +53,7 @@ class ChildrenSeen:
     trainer_message: str = ""
 
 
-def desired_children(job: Mapping[str, Any], controller_url: str) -> list[dict[str, Any]]:
+def desired_children(job: dict[str, Any], controller_url: str) -> list[dict[str, Any]]:
     """Every child object of the job except engine pods (the controller owns those)."""
     objs = [
         cells_headless_service(job),
@@ -72,7 +71,7 @@ def desired_children(job: Mapping[str, Any], controller_url: str) -> list[dict[s
 async def ensure_children(
     job: JobContext,
     spec: RLJobSpec,
-    job_object: Mapping[str, Any],
+    job_object: dict[str, Any],
     generation: int | None,
     controller_url: str,
     applied: Applied | None,

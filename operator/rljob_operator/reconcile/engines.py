@@ -56,7 +56,7 @@ class TimedEngineClient:
 
 def engine_factory(engine: Engine | str, observe: Callable[[float], None]) -> EngineClientFactory:
     def make(endpoint: str) -> EngineClient:
-        return TimedEngineClient(make_engine_client(engine, endpoint), observe)  # type: ignore[return-value]
+        return TimedEngineClient(make_engine_client(engine, endpoint), observe)
 
     return make
 
