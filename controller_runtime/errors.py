@@ -1,4 +1,8 @@
-"""Typed errors: every engine or controller failure surfaces as one of these, never a hang."""
+"""Typed errors: every engine or controller failure surfaces as one of these, never a hang.
+
+How each one is answered over the controller API (status, reason, the class a trainer
+catches) is the error table in `controller_runtime.api.wire_errors`.
+"""
 
 from __future__ import annotations
 

@@ -92,8 +92,8 @@ class EvalFleetResponse(ApiModel):
     pinned_version: str | None = None
     checkpoint: str | None = None
     ok: bool = False
-    skip_reason: str | None = Field(None, description="pin_violation | unhealthy | not_configured | controller_unreachable")
-    message: str = Field("", description="Why eval may not run, for a person.")
+    skip_reason: str | None = Field(default=None, description="pin_violation | unhealthy | not_configured | controller_unreachable")
+    message: str = Field(default="", description="Why eval may not run, for a person.")
     versions: dict[str, str | None] = Field(default_factory=dict, description="endpoint -> weight version it reported.")
 
 

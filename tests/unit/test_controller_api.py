@@ -39,6 +39,7 @@ class Handle:
         self.namespace, self.name = "ns", "job"
         self.controller = controller
         self.published: list[tuple[str, dict[str, Any]]] = []
+        self.engines: FakeEngines | None = None  # the fixture's, for tests that make an engine fail
 
     async def publish(self, why: str) -> None:
         self.published.append((why, self.controller.status_patch()))
@@ -51,12 +52,14 @@ class Handle:
 async def setup():
     clock = FakeClock()
     spec = InferenceSpec(replicas=2, gpus_per_engine=0, health_check={"interval_seconds": 1, "failure_threshold": 2})
-    ctl = InferenceController("job", spec, FakePlatform(), FakeEngines(), clock=clock, serve_initial_weights=True)
+    engines = FakeEngines()
+    ctl = InferenceController("job", spec, FakePlatform(), engines, clock=clock, serve_initial_weights=True)
     await ctl.reconcile()
     await ctl.reconcile()
     await ctl.probe_health()
     registry = JobRegistry()
     handle = Handle(ctl)
+    handle.engines = engines
     registry.add(handle)
     leader = {"is": True}
     metrics = Metrics()
@@ -195,3 +198,24 @@ def test_eval_fleet_from_the_controller_is_answered_as_plain_data() -> None:
     resp = eval_response(fleet)
     assert resp.skip_reason == "pin_violation" and resp.versions == {"http://127.0.0.1:1": "v2"}
     assert resp.to_wire()["pinnedVersion"] == "v3"
+
+
+async def test_offload_answers_which_cells_moved_and_which_refused_after_writing_status(setup):
+    client, handle, _, _ = setup
+    assert handle.engines is not None
+    handle.engines.engines[FakePlatform.endpoint_of("job-cell-1", 0)].fail.add("release_memory")
+    r = await client.post(path("offload"), json={"tags": ["kv_cache"]}, headers={"Authorization": TOKEN})
+    body = await r.json()
+    assert r.status == 200, body
+    assert body["changed"] == {"job-cell-0": ["kv_cache"]}
+    assert list(body["failed"]) == ["job-cell-1"] and "release_memory refused" in body["failed"]["job-cell-1"]
+    assert [w for w, _ in handle.published] == ["offload"]
+
+
+async def test_verbs_take_the_methods_of_the_table(setup):
+    client, _, _, _ = setup
+    r = await client.get(path("offload"), headers={"Authorization": TOKEN})
+    assert r.status == 405 and (await r.json())["reason"] == "MethodNotAllowed"
+    for method in ("GET", "POST"):  # eval_fleet is a read the executor may POST
+        r = await client.request(method, path("eval_fleet"), headers={"Authorization": TOKEN})
+        assert r.status == 200 and (await r.json())["skipReason"] == "not_configured"

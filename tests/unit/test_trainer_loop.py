@@ -56,13 +56,13 @@ class RecordingController(LocalControllerClient):
         self.journal.calls.append("prepare_rollout")
         await super().prepare_rollout(rollout_id)
 
-    async def offload(self, tags: Any = None) -> None:
+    async def offload(self, tags: Any = None) -> Any:
         self.journal.calls.append(f"offload {','.join(map(str, tags))}")
-        await super().offload(tags)
+        return await super().offload(tags)
 
-    async def onload(self, tags: Any = None) -> None:
+    async def onload(self, tags: Any = None) -> Any:
         self.journal.calls.append(f"onload {','.join(map(str, tags))}")
-        await super().onload(tags)
+        return await super().onload(tags)
 
     async def start_update_weights(self, holder: str) -> Any:
         self.journal.calls.append("start_update_weights")
