@@ -5,8 +5,8 @@
 memory: cells, generations, restart counts, the open update window's lock and snapshot all
 come back from the RLJob. It registers the job with the controller API while it runs.
 
-Health monitoring happens inside the controller (`reconcile` observes pods: phase and
-container restarts; `probe_health` probes each cell's engine at its pod IP). Here the engine
+Health monitoring happens inside the controller (each `run_pass` observes pods: phase and
+container restarts, then probes each due cell's engine at its pod IP). Here the engine
 clients are wrapped to time `/health` probes for the latency histogram, and the controller's
 events become Kubernetes Events and metrics.
 """
@@ -152,9 +152,11 @@ async def ensure_engines(
     job_object: Mapping[str, Any],
     generation: int | None,
 ) -> StepResult:
-    """Run one controller pass: observe cells, create/heal/scale them, probe the due ones."""
+    """Run one bounded controller pass: observe cells, create/heal/scale them, probe the due ones.
+
+    The controller's own `run_pass` (the one local mode drives too) bounds the pass and logs
+    its failures, so a hung engine or a failing platform call costs one pass, not the daemon.
+    """
     fleet.follow_spec(job_object, generation)
     ctl = fleet.ensure(inference, stored_status)
-    delay = await ctl.reconcile()
-    await ctl.probe_health()
-    return StepResult.requeue(delay, "engines")
+    return StepResult.requeue(await ctl.run_pass(), "engines")
