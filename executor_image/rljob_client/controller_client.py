@@ -1,10 +1,11 @@
 """The trainer's handle on the InferenceController: over HTTP in a pod, in-process in local mode.
 
 miles' trainer calls its InferenceController object directly; on Kubernetes the controller
-lives in the operator, so the same calls go over the operator's controller API
-(controller_runtime.api.control: paths and wire models shared with the server). Local mode
+lives in the operator, so the same calls go over the operator's controller API. Local mode
 runs the controller in the trainer's own process and wraps it in `LocalControllerClient`,
 so the trainer loop is one piece of code written against the `ControllerClient` Protocol.
+Both clients go through the servers' tables (`controller_runtime.api.verbs` for the verbs,
+`controller_runtime.api.wire_errors` for the exceptions), so they answer and fail alike.
 
 The update window is a context manager because its two exits are not symmetrical: a clean
 exit must `end` the window with the new version (cells join serving), any exception must
