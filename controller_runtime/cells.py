@@ -171,13 +171,11 @@ class Cell:
             name=status.name,
             index=status.index,
             generation=status.generation,
-            state=CellState(status.state),
+            state=status.state,
             pods=tuple(status.pods),
             endpoint=status.endpoint,
             memory=tuple(MemoryTag(t) for t in status.memory),
-            state_before_offload=(
-                CellState(status.state_before_offload) if status.state_before_offload else None
-            ),
+            state_before_offload=status.state_before_offload,
             weight_version=status.weight_version,
             consecutive_failures=status.consecutive_failures,
             restarts=status.restarts,

@@ -17,7 +17,6 @@ class ApiModel(BaseModel):
         alias_generator=to_camel,
         populate_by_name=True,
         extra="forbid",
-        use_enum_values=True,
         validate_assignment=True,
     )
 

@@ -13,13 +13,14 @@ from typing import Any, TextIO
 from rljob_client.trainer.loop import StepRecord
 from tqdm import tqdm
 
+from controller_runtime.api.status import CellState
 from controller_runtime.events import ControllerEvent
 
 
 def engines_text(statuses: list[Any]) -> str:
     """'1/1 serving' or e.g. '0/1 serving (cell-0 Starting)'."""
-    serving = sum(1 for s in statuses if str(s.state) == "Serving")
-    others = [f"{'-'.join(s.name.rsplit('-', 2)[-2:])} {s.state}" for s in statuses if str(s.state) != "Serving"]
+    serving = sum(1 for s in statuses if s.state is CellState.Serving)
+    others = [f"{'-'.join(s.name.rsplit('-', 2)[-2:])} {s.state}" for s in statuses if s.state is not CellState.Serving]
     text = f"{serving}/{len(statuses)} serving"
     return text + (f" ({', '.join(others)})" if others else "")
 

@@ -37,7 +37,7 @@ import psutil
 from rljob_client.controller_client import LocalControllerClient
 from rljob_client.trainer.loop import LoopConfig, StepRecord, ThreadedRolloutStream, TrainingLoop
 
-from controller_runtime.api.spec import Engine, RLJobManifest
+from controller_runtime.api.spec import RLJobManifest
 from controller_runtime.api.status import CellState
 from controller_runtime.audit import AuditLog
 from controller_runtime.clients.factory import make_engine_client
@@ -206,7 +206,7 @@ class LocalRun:
     async def run(self) -> int:
         resolved = self._prepare_out()
         inf = self.spec.inference
-        engine = Engine(inf.engine)
+        engine = inf.engine
         model = self.spec.model.path
         assert model is not None
         self.platform = LocalPlatform(

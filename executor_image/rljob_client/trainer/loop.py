@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from controller_runtime.api.spec import Engine, MemoryTag, PauseMode, RLJobSpec
+from controller_runtime.api.status import CellState
 from controller_runtime.errors import EngineError
 from controller_runtime.ports import EngineClient
 from controller_runtime.window import NoReadyEngines
@@ -95,9 +96,9 @@ class LoopConfig:
         return cls(
             steps=steps if steps is not None else spec.trainer.reference.steps,
             sync_dir=Path(sync_dir if sync_dir is not None else inf.weight_update.shared_path),
-            engine=Engine(inf.engine),
-            pause_mode=PauseMode(inf.weight_update.pause_mode),
-            offload_tags=tuple(MemoryTag(t) for t in inf.offload.tags) if colocated else (),
+            engine=inf.engine,
+            pause_mode=inf.weight_update.pause_mode,
+            offload_tags=tuple(inf.offload.tags) if colocated else (),
             holder=holder,
             rank=rank,
             world_size=world_size,
@@ -247,7 +248,7 @@ class TrainingLoop:
 
     async def fleet_waits_for_weights(self) -> bool:
         cells = await self.controller.cells()
-        return not cells.serving_endpoints and any(str(e.state) == "PendingWeights" for e in cells.engines)
+        return not cells.serving_endpoints and any(e.state is CellState.PendingWeights for e in cells.engines)
 
     async def sync_weights(self, version: int) -> int:
         """Write `version` and push it to every engine of a window; returns the attempts it took."""
