@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from controller_runtime.api.spec import InferenceSpec, MemoryTag
@@ -82,6 +83,15 @@ PAUSE_WINDOW = "window"  # the health monitor's pause reason while an update win
 MIN_WAIT_SECONDS = 0.05  # between passes of `run`: a pass that wants to run again at once still yields
 S = CellState
 
+
+
+@dataclass(frozen=True)
+class PassReport:
+    """What one bounded pass saw: seconds until it wants to run again, and what failed
+    (already logged; empty when the pass went through)."""
+
+    delay: float
+    failures: tuple[str, ...] = ()
 
 class InferenceController:
     def __init__(
@@ -394,27 +404,31 @@ class InferenceController:
 
     # == the reconcile pass and its loop ====================================================
 
-    async def run_pass(self) -> float:
+    async def run_pass(self) -> PassReport:
         """One bounded pass, the unit the operator and local mode both drive: reconcile, then the
-        due health probes, each within `pass_timeout_seconds`. Errors are logged, never raised,
-        so a failing platform or a hung engine costs one pass, not the loop. Returns the
-        seconds until the controller wants its next pass."""
+        due health probes, each within `pass_timeout_seconds`. Errors are logged and reported,
+        never raised, so a failing platform or a hung engine costs one pass, not the loop; the
+        driver decides what a failure means to its users (the operator turns it into a
+        ReconcileError Event and metric, local mode only logs)."""
         delay = self.poll_seconds
+        failures: list[str] = []
         try:
             delay = await call_within(self.clock, self.reconcile(), self.pass_timeout)
-        except Exception:
+        except Exception as e:
             log.exception("reconcile of %s failed", self.job)
+            failures.append(f"reconcile: {type(e).__name__}: {e}")
         try:
             await call_within(self.clock, self.probe_health(), self.pass_timeout)
-        except Exception:
+        except Exception as e:
             log.exception("health probes of %s failed", self.job)
-        return min(delay, self._next_wakeup())
+            failures.append(f"health probes: {type(e).__name__}: {e}")
+        return PassReport(min(delay, self._next_wakeup()), tuple(failures))
 
     async def run(self, stop: asyncio.Event) -> None:
         """Run passes until `stop` is set."""
         while not stop.is_set():
-            delay = await self.run_pass()
-            await sleep_or_stop(stop, max(delay, MIN_WAIT_SECONDS), self.clock)
+            report = await self.run_pass()
+            await sleep_or_stop(stop, max(report.delay, MIN_WAIT_SECONDS), self.clock)
 
     async def close(self) -> None:
         async with self.fleet.mutex:

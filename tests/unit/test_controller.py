@@ -625,9 +625,10 @@ async def test_run_pass_logs_errors_instead_of_raising(caplog: pytest.LogCapture
     h = harness(1)
     h.platform.fail_create = True
     with caplog.at_level(logging.ERROR, logger="controller_runtime.controller"):
-        delay = await h.ctrl.run_pass()
-    assert 0 <= delay <= h.ctrl.poll_seconds
+        report = await h.ctrl.run_pass()
+    assert 0 <= report.delay <= h.ctrl.poll_seconds
     assert "reconcile of demo failed" in caplog.text and h.states() == [S.Pending]
+    assert len(report.failures) == 1 and report.failures[0].startswith("reconcile: "), report.failures
     h.platform.fail_create = False
     for _ in range(3):
         await h.ctrl.run_pass()
@@ -640,8 +641,9 @@ async def test_run_pass_is_bounded_by_the_pass_timeout() -> None:
     await bring_up(h)
     platform.hang = True
     started = h.clock.now()
-    delay = await with_clock(h.clock, h.ctrl.run_pass())
-    assert h.clock.now() - started >= h.ctrl.pass_timeout and 0 <= delay <= h.ctrl.poll_seconds
+    report = await with_clock(h.clock, h.ctrl.run_pass())
+    assert h.clock.now() - started >= h.ctrl.pass_timeout and 0 <= report.delay <= h.ctrl.poll_seconds
+    assert [f.split(":")[0] for f in report.failures] == ["reconcile"], report.failures
     platform.hang = False
     h.platform.fail_pod("demo-cell-0")
     await h.ctrl.run_pass()  # the timed-out pass let go of the mutex

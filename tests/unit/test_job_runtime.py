@@ -200,3 +200,24 @@ async def test_a_trainer_job_whose_pod_template_is_refused_is_deleted_and_recrea
     assert [o["metadata"]["name"] for o in applied if o["kind"] == "Job"] == ["job-trainer"]
     assert "TrainerRecreated" in {r for _, r, _ in kube.events}
     await rt.recorder.close()
+
+
+async def test_a_failing_engine_pass_is_reported_as_a_reconcile_error_and_recovers():
+    """The controller's pass logs and swallows its errors (local mode keeps running); the
+    operator must still tell the user: a ReconcileError Event naming what failed, the
+    reconcile-errors metric, and no status written over the failure."""
+    clock, platform, body = FakeClock(), FakePlatform(), rljob()
+    rt, kube, _ = runtime(body, platform, clock)
+    rt.recorder.start()
+    platform.fail_create = True
+    await rt.run_pass()
+    await rt.recorder.flush()
+    warnings = [(r, m) for t, r, m in kube.events if t == "Warning"]
+    assert [r for r, _ in warnings] == ["ReconcileError"], kube.events
+    assert "EnginePassFailed: reconcile: RuntimeError: fake platform: create refused" in warnings[0][1]
+    errors = rt.metrics.reconcile_errors.labels("ns", "job", "pass")._value.get()
+    assert errors == 1
+    platform.fail_create = False
+    await settle(rt)
+    assert body["status"]["ready"] == "2/2"
+    await rt.recorder.close()

@@ -154,9 +154,18 @@ async def ensure_engines(
 ) -> StepResult:
     """Run one bounded controller pass: observe cells, create/heal/scale them, probe the due ones.
 
-    The controller's own `run_pass` (the one local mode drives too) bounds the pass and logs
-    its failures, so a hung engine or a failing platform call costs one pass, not the daemon.
+    The controller's own `run_pass` (the one local mode drives too) bounds the pass, so a hung
+    engine or a failing platform call costs one pass, not the daemon; what failed is raised
+    here so that the job runtime reports it as it reports every failed step (a ReconcileError
+    Event, the reconcile-errors metric, backoff) instead of publishing a status over it.
     """
     fleet.follow_spec(job_object, generation)
     ctl = fleet.ensure(inference, stored_status)
-    return StepResult.requeue(await ctl.run_pass(), "engines")
+    report = await ctl.run_pass()
+    if report.failures:
+        raise EnginePassFailed("; ".join(report.failures))
+    return StepResult.requeue(report.delay, "engines")
+
+
+class EnginePassFailed(Exception):
+    """The controller's pass over the engine cells failed (its log has the traceback)."""
