@@ -96,7 +96,8 @@ def cel_format(template: Any, args: Any) -> celtypes.StringType:
     return celtypes.StringType(_VERB.sub(one, str(template)))
 
 
-FUNCTIONS = {"format": cel_format}
+# Typed as celpy's own function table (its value type is a union of every CEL type).
+FUNCTIONS: dict[str, Any] = {"format": cel_format}
 
 
 @dataclass(frozen=True)

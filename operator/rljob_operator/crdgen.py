@@ -22,8 +22,9 @@ Output is byte-stable: keys in a fixed order, properties in declaration order.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 from pydantic import BaseModel
@@ -69,7 +70,7 @@ class _WithFactoryDefaults(GenerateJsonSchema):
     def get_default_value(self, schema: core_schema.WithDefaultSchema) -> Any:
         factory = schema.get("default_factory")
         if factory is not None and not schema.get("default_factory_takes_data"):
-            return factory()
+            return cast(Callable[[], Any], factory)()  # takes no data: checked just above
         return schema.get("default", NoDefault)
 
 

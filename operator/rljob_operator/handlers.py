@@ -108,7 +108,7 @@ async def run_rljob(body: kopf.Body, stopped: kopf.DaemonStopped, memo: Any, **_
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL, id="wake")
-async def wake_rljob(name: str, namespace: str, memo: Any, **_: Any) -> None:
+async def wake_rljob(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
     """Any change of the RLJob (spec edit, suspend) wakes its loop at once."""
     rt = memo.runtimes.get((namespace, name))
     if rt is not None:

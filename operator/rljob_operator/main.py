@@ -21,7 +21,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import kopf
 from aiohttp import web
@@ -67,7 +67,7 @@ async def start_site(app: web.Application, host: str, port: int) -> tuple[web.Ap
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
-    server = site._server
+    server = cast("asyncio.Server | None", site._server)  # aiohttp types it as AbstractServer
     bound = port
     if server is not None and server.sockets:  # port 0: report the one the OS picked
         bound = server.sockets[0].getsockname()[1]
@@ -132,7 +132,8 @@ async def run_operator(s: OperatorSettings) -> int:
     elector_task = asyncio.create_task(elector.run(elector_stop), name="leader-election")
     exit_code = 0
     try:
-        waiters = [asyncio.ensure_future(elector.leading.wait()), asyncio.ensure_future(stop.wait())]
+        waiters: list[asyncio.Future[Any]] = [
+            asyncio.ensure_future(elector.leading.wait()), asyncio.ensure_future(stop.wait())]
         await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
         for w in waiters:
             w.cancel()
