@@ -406,6 +406,39 @@ class RolloutSpec(ApiModel):
     ray_cluster: RayClusterSpec | None = Field(default=None, description="Optional KubeRay RayCluster for the executor.")
 
 
+class OffPolicyMode(StrEnum):
+    """How the reference trainer weighs a token sampled by the engine's policy (the behaviour policy).
+
+    Both corrections use the engine's sampling logprob of each token as the behaviour policy
+    (the trainer keeps no copy of older weights). A combined mode is not offered: with one
+    optimizer step per rollout and no old-actor copy, miles' PPO clip with TIS reduces to
+    one of the two (its TIS weight is 1 when the clip uses the rollout logprobs, its clip
+    ratio is 1 when it does not), and applying both against the engine would count the same
+    ratio twice.
+    """
+
+    none = "none"  # on-policy: no ratio (only safe with maxStaleness 0)
+    clip = "clip"  # PPO clipped surrogate, ratio = pi_train / pi_engine (miles --use-rollout-logprobs)
+    tis = "tis"  # truncated importance sampling: detached weight min(ratio, cap) (miles --use-tis)
+
+
+class OffPolicySpec(ApiModel):
+    """Importance correction for samples drawn under older weights (maxStaleness > 0) or by a numerically different engine."""
+
+    mode: OffPolicyMode = Field(
+        default=OffPolicyMode.tis,
+        description=(
+            "tis: weight each token's policy gradient by min(ratio, tisCap), detached (on-policy it is today's "
+            "REINFORCE-style loss); clip: PPO clipped surrogate min(ratio x A, clip(ratio, 1 - clipEpsLow, "
+            "1 + clipEpsHigh) x A); none: no correction (needs spec.rollout.maxStaleness: 0). "
+            "ratio = exp(trainer logprob - engine sampling logprob)."
+        ),
+    )
+    clip_eps_low: float = Field(default=0.2, gt=0, lt=1, description="mode clip: the ratio's lower bound is 1 - clipEpsLow (miles --eps-clip).")
+    clip_eps_high: float = Field(default=0.2, gt=0, le=10, description="mode clip: the ratio's upper bound is 1 + clipEpsHigh (miles --eps-clip-high; DAPO's clip-higher uses 0.28).")
+    tis_cap: float = Field(default=2.0, ge=1, le=1000, description="mode tis: the largest importance weight C in min(ratio, C) (miles --tis-clip).")
+
+
 class ReferenceTrainerSpec(ApiModel):
     """The bundled torch trainer (GRPO/REINFORCE), used when spec.trainer.command and workloadRef are unset."""
 
@@ -413,6 +446,22 @@ class ReferenceTrainerSpec(ApiModel):
     learning_rate: float = Field(default=1e-3, gt=0, description="Adam learning rate.")
     algorithm: Literal["grpo", "reinforce"] = Field(default="grpo", description="grpo: advantages normalised within each prompt's group of samples; reinforce: reward minus the batch mean.")
     save_every: int = Field(default=0, ge=0, description="Checkpoint every N steps (0: only weight-sync files).")
+    max_grad_norm: float = Field(default=1.0, ge=0, description="Clip the global gradient norm to this value before each optimizer step (miles --clip-grad); 0 turns clipping off.")
+    off_policy: OffPolicySpec = Field(default_factory=OffPolicySpec, description="Importance correction for samples drawn by another policy than the one being trained.")
+
+    def loss_flags(self, temperature: float) -> list[str]:
+        """The loss settings as `python -m rljob_client.trainer` flags: one table for the operator's
+        trainer pods and local mode's trainer process, so neither can forget one (the sampling
+        temperature included: the trainer must score the distribution the engines sampled)."""
+        op = self.off_policy
+        return [
+            "--temperature", repr(temperature),
+            "--max-grad-norm", repr(self.max_grad_norm),
+            "--off-policy-mode", op.mode.value,
+            "--clip-eps-low", repr(op.clip_eps_low),
+            "--clip-eps-high", repr(op.clip_eps_high),
+            "--tis-cap", repr(op.tis_cap),
+        ]  # fmt: skip
 
 
 class WorkloadRef(ApiModel):
@@ -473,6 +522,11 @@ GRPO_GROUP_MSG = (
     "(advantages are normalised within each prompt's group, a group of one never learns); "
     "or set spec.trainer.reference.algorithm: reinforce"
 )
+STALE_NEEDS_CORRECTION_MSG = (
+    "spec.rollout.maxStaleness > 0 lets the reference trainer train on samples drawn under older weights, which "
+    "needs an importance correction: set spec.trainer.reference.offPolicy.mode to tis or clip, "
+    "or spec.rollout.maxStaleness: 0"
+)
 
 
 class RLJobSpec(ApiModel):
@@ -486,6 +540,12 @@ class RLJobSpec(ApiModel):
                 " || self.rollout.sampling.nSamplesPerPrompt >= 2",
                 GRPO_GROUP_MSG,
                 ".rollout.sampling.nSamplesPerPrompt",
+            ),
+            (
+                "has(self.trainer.command) || has(self.trainer.workloadRef) || self.rollout.maxStaleness == 0"
+                " || self.trainer.reference.offPolicy.mode != 'none'",
+                STALE_NEEDS_CORRECTION_MSG,
+                ".trainer.reference.offPolicy.mode",
             ),
         )
     }
@@ -507,6 +567,12 @@ class RLJobSpec(ApiModel):
             and self.rollout.sampling.n_samples_per_prompt < 2
         ):
             raise ValueError(GRPO_GROUP_MSG)
+        if (
+            self.trainer.uses_reference_trainer
+            and self.rollout.max_staleness > 0
+            and self.trainer.reference.off_policy.mode is OffPolicyMode.none
+        ):
+            raise ValueError(STALE_NEEDS_CORRECTION_MSG)
         return self
 
     def validate_update(self, old: RLJobSpec) -> None:

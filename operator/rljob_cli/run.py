@@ -246,8 +246,7 @@ class LocalRun:
             stream = await self._until_stopped(asyncio.to_thread(self._connect, ready["client_address"]))
             from rljob_client.trainer.policy import PolicyTrainer
 
-            ref = self.spec.trainer.reference
-            policy = await asyncio.to_thread(PolicyTrainer, model, ref.learning_rate, ref.algorithm)
+            policy = await asyncio.to_thread(PolicyTrainer.from_spec, model, self.spec)
             config = LoopConfig.from_spec(self.spec, steps=self.prepared.steps, sync_dir=self.out / "weights",
                                           holder="local-trainer")
             training = TrainingLoop(
@@ -288,7 +287,8 @@ class LocalRun:
                 "--steps", str(self.prepared.steps), "--learning-rate", repr(ref.learning_rate),
                 "--algorithm", ref.algorithm, "--weights-dir", str(self.out / "weights"),
                 "--engine", str(self.spec.inference.engine),
-                "--pause-mode", str(self.spec.inference.weight_update.pause_mode), "--metrics-file", str(metrics)]
+                "--pause-mode", str(self.spec.inference.weight_update.pause_mode), "--metrics-file", str(metrics),
+                *ref.loss_flags(self.spec.rollout.sampling.temperature)]
         log_path = self.logs / "trainer.log"
         proc = start_logged(argv, log_path, env)
         self.children.note("trainer", proc.pid)

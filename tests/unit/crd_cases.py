@@ -117,6 +117,12 @@ INVALID = [
         "spec.inference.restartPolicy.backoffSeconds",
         S.RESTART_BACKOFF_MSG,
     ),
+    Case(
+        "stale-samples-without-correction",  # the base example keeps maxStaleness: 1
+        {"spec.trainer.reference.offPolicy": {"mode": "none"}},
+        "spec.trainer.reference.offPolicy.mode",
+        S.STALE_NEEDS_CORRECTION_MSG,
+    ),
 ]
 
 # Variations near the rules that must stay valid.
@@ -133,6 +139,12 @@ VALID_EDITS = {
         "spec.trainer.workloadRef": {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "t"},
     },
     "backoff-equals-max": {"spec.inference.restartPolicy.backoffSeconds": 300},
+    "stale-samples-default-correction": {"spec.rollout.maxStaleness": 4},
+    "stale-samples-clipped": {"spec.trainer.reference.offPolicy": {"mode": "clip", "clipEpsHigh": 0.28}},
+    "on-policy-without-correction": {"spec.rollout.maxStaleness": 0, "spec.trainer.reference.offPolicy": {"mode": "none"}},
+    "own-trainer-stale-without-correction": {
+        "spec.trainer.command": ["python", "t.py"], "spec.trainer.reference.offPolicy": {"mode": "none"},
+    },
     "integer-valued-seconds": {"spec.inference.healthCheck.intervalSeconds": 10, "spec.inference.healthCheck.timeoutSeconds": 2.5},
 }
 
@@ -193,6 +205,20 @@ MALFORMED = [
     Malformed("bad-reward-path", {"spec.rollout.reward.function": "not a function"}, "spec.rollout.reward.function", "should match"),
     Malformed("missing-dataset", {"spec.rollout": {"batchSize": 4}}, "spec.rollout.dataset", "Required value"),
     Malformed("too-many-tags", {"spec.inference.offload.tags": ["weights"] * 4}, "spec.inference.offload.tags", "must have at most 3 items"),
+    Malformed(
+        "unknown-off-policy-mode", {"spec.trainer.reference.offPolicy.mode": "ppo"}, "spec.trainer.reference.offPolicy.mode",
+        'Unsupported value: "ppo"',
+    ),
+    Malformed(
+        "clip-eps-low-one", {"spec.trainer.reference.offPolicy.clipEpsLow": 1}, "spec.trainer.reference.offPolicy.clipEpsLow",
+        "should be less than 1",
+    ),
+    Malformed(
+        "tis-cap-below-one", {"spec.trainer.reference.offPolicy.tisCap": 0.5}, "spec.trainer.reference.offPolicy.tisCap",
+        "greater than or equal to 1",
+    ),
+    Malformed("negative-grad-norm", {"spec.trainer.reference.maxGradNorm": -1}, "spec.trainer.reference.maxGradNorm",
+              "greater than or equal to 0"),
 ]
 
 

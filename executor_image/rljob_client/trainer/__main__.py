@@ -1,6 +1,9 @@
 """The reference trainer as a pod's process: `python -m rljob_client.trainer`.
 
-The operator starts it with `--model --steps --learning-rate --algorithm --save-every` and the
+The operator starts it with `--model --steps --learning-rate --algorithm --save-every`, the
+loss settings `--temperature` (spec.rollout.sampling.temperature: the gradient must be for the
+policy the engines sample from), `--max-grad-norm` and `--off-policy-mode --clip-eps-low
+--clip-eps-high --tis-cap` (spec.trainer.reference; the defaults are the spec's), and the
 environment of a trainer pod: RLJOB_CONTROLLER_URL, RLJOB_NAME, RLJOB_NAMESPACE,
 RLJOB_ROLLOUT_ADDRESS (Ray Client address of the executor), RLJOB_WEIGHTS_DIR (shared
 storage for `disk` weight sync), RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT; optionally
@@ -21,7 +24,14 @@ import signal
 import sys
 from pathlib import Path
 
-from controller_runtime.api.spec import Engine, MemoryTag, PauseMode
+from controller_runtime.api.spec import (
+    Engine,
+    MemoryTag,
+    OffPolicyMode,
+    OffPolicySpec,
+    PauseMode,
+    ReferenceTrainerSpec,
+)
 from controller_runtime.clients.factory import make_engine_client
 from rljob_client.controller_client import InferenceControllerClient, default_holder
 from rljob_client.trainer.loop import LoopConfig, StepRecord, ThreadedRolloutStream, TrainingLoop
@@ -43,12 +53,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pause-mode", choices=[m.value for m in PauseMode], default=env("RLJOB_PAUSE_MODE", "wait"))
     p.add_argument("--offload-tags", default=env("RLJOB_OFFLOAD_TAGS", ""),
                    help="comma-separated tags to offload around training (colocated mode); empty: no offload")
+    ref = ReferenceTrainerSpec()
+    p.add_argument("--temperature", type=float, default=1.0,
+                   help="the engines' sampling temperature (spec.rollout.sampling.temperature)")
+    p.add_argument("--max-grad-norm", type=float, default=ref.max_grad_norm, help="0: no gradient clipping")
+    p.add_argument("--off-policy-mode", choices=[m.value for m in OffPolicyMode], default=ref.off_policy.mode.value)
+    p.add_argument("--clip-eps-low", type=float, default=ref.off_policy.clip_eps_low)
+    p.add_argument("--clip-eps-high", type=float, default=ref.off_policy.clip_eps_high)
+    p.add_argument("--tis-cap", type=float, default=ref.off_policy.tis_cap)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--metrics-file", default=env("RLJOB_METRICS_FILE"),
                    help="append one JSON line per step (rewards, versions, timings) to this file")
     args = p.parse_args(argv)
     if not args.model:
         p.error("--model (or RLJOB_MODEL_PATH) is required")
+    try:  # the spec's bounds, so a hand-started trainer is refused as a manifest would be
+        args.off_policy = OffPolicySpec(mode=OffPolicyMode(args.off_policy_mode), clip_eps_low=args.clip_eps_low,
+                                        clip_eps_high=args.clip_eps_high, tis_cap=args.tis_cap)
+    except ValueError as exc:
+        p.error(f"off-policy settings: {exc}")
+    if args.temperature < 0 or args.max_grad_norm < 0:
+        p.error("--temperature and --max-grad-norm must be >= 0")
     if os.environ.get("RLJOB_WEIGHT_UPDATE_METHOD", "disk") != "disk":
         p.error(f"the reference trainer syncs weights by disk only, not {os.environ['RLJOB_WEIGHT_UPDATE_METHOD']!r}")
     return args
@@ -63,6 +88,7 @@ def init_distributed(rank: int, world_size: int) -> None:
 
 async def train(args: argparse.Namespace) -> int:
     from rljob_client.rollout_stream import RolloutStream
+    from rljob_client.trainer.grpo import OffPolicyCorrection
     from rljob_client.trainer.policy import PolicyTrainer
 
     rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
@@ -84,7 +110,9 @@ async def train(args: argparse.Namespace) -> int:
     if current and current.isdigit() and int(current) in writer.versions():
         start_step, model_dir = int(current), writer.path_for(int(current))
         log.info("resuming at step %d from %s", start_step, model_dir)
-    policy = PolicyTrainer(model_dir, args.learning_rate, args.algorithm, seed=args.seed)
+    policy = PolicyTrainer(model_dir, args.learning_rate, args.algorithm, seed=args.seed,
+                           max_grad_norm=args.max_grad_norm, temperature=args.temperature,
+                           correction=OffPolicyCorrection.from_spec(args.off_policy))
     stream = RolloutStream(controller.name)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

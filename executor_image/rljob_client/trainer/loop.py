@@ -123,6 +123,8 @@ class StepRecord:
     sync_seconds: float = 0.0
     step_seconds: float = 0.0
     update_attempts: int = 1
+    ratio_mean: float = 1.0  # mean pi_train / pi_engine over the batch's response tokens
+    clipped_fraction: float = 0.0  # response tokens the off-policy correction clipped or capped
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -223,6 +225,8 @@ class TrainingLoop:
             sync_seconds=done - trained,
             step_seconds=done - started,
             update_attempts=attempts,
+            ratio_mean=metrics.ratio_mean,
+            clipped_fraction=metrics.clipped_fraction,
         )
 
     async def get_batch(self, step: int) -> TrainBatch:

@@ -2,6 +2,10 @@
 
 Kept apart from the loop (which talks to the controller, the executor and the engines) so a
 step can be run and measured on its own, and from grpo.py (the pure loss algebra).
+
+Its defaults are the spec's (`ReferenceTrainerSpec`): gradient-norm clipping at 1.0 and the
+`tis` correction against the engine's sampling logprobs; `from_spec` takes the job's values,
+temperature included, so the gradient is for the policy the engines sampled from.
 """
 
 from __future__ import annotations
@@ -15,10 +19,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from controller_runtime.api.spec import OffPolicySpec, ReferenceTrainerSpec, RLJobSpec
 from rljob_client.trainer import grpo
 
 if TYPE_CHECKING:  # the executor's batch type; imported for annotations only
     from rljob_client.trainbatch import TrainBatch
+
+DEFAULT_MAX_GRAD_NORM = ReferenceTrainerSpec().max_grad_norm
 
 
 @dataclass(frozen=True)
@@ -28,15 +35,18 @@ class StepMetrics:
     reward_std: float
     samples: int
     response_tokens: int
-    grad_norm: float
+    grad_norm: float  # before clipping
     seconds: float
+    ratio_mean: float = 1.0  # mean pi_train / pi_engine over response tokens
+    clipped_fraction: float = 0.0  # response tokens the correction clipped or capped
 
 
 class PolicyTrainer:
     """Loads the model from a model dir (the initial weights, or a sync dir to resume from)."""
 
     def __init__(self, model_dir: str | os.PathLike[str], learning_rate: float, algorithm: grpo.Algorithm = "grpo",
-                 seed: int = 0, max_grad_norm: float | None = None) -> None:
+                 seed: int = 0, max_grad_norm: float | None = DEFAULT_MAX_GRAD_NORM, *, temperature: float = 1.0,
+                 correction: grpo.OffPolicyCorrection | None = None) -> None:
         from transformers import AutoModelForCausalLM
 
         torch.manual_seed(seed)
@@ -44,8 +54,18 @@ class PolicyTrainer:
         self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
         self.model.train()
         self.algorithm: grpo.Algorithm = algorithm
-        self.max_grad_norm = max_grad_norm
+        self.max_grad_norm = max_grad_norm if max_grad_norm else None  # 0 (the spec's "off") or None: no clipping
+        self.temperature = temperature
+        self.correction = correction if correction is not None else grpo.OffPolicyCorrection.from_spec(OffPolicySpec())
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=learning_rate)
+
+    @classmethod
+    def from_spec(cls, model_dir: str | os.PathLike[str], spec: RLJobSpec, seed: int = 0) -> PolicyTrainer:
+        """The trainer as `spec.trainer.reference` and the sampling temperature configure it."""
+        ref = spec.trainer.reference
+        return cls(model_dir, ref.learning_rate, ref.algorithm, seed=seed, max_grad_norm=ref.max_grad_norm,
+                   temperature=spec.rollout.sampling.temperature,
+                   correction=grpo.OffPolicyCorrection.from_spec(ref.off_policy))
 
     def train_step(self, batch: TrainBatch) -> StepMetrics:
         """One policy-gradient step on a whole batch (the toy's 64 samples fit in one pass)."""
@@ -55,12 +75,15 @@ class PolicyTrainer:
         response_mask = torch.from_numpy(np.array(batch.response_mask, dtype=np.int64))
         lengths = np.asarray(batch.prompt_lengths) + np.asarray(batch.response_lengths)
         attention = torch.from_numpy((np.arange(ids.shape[1])[None, :] < lengths[:, None]).astype(np.int64))
+        behaviour = torch.from_numpy(np.array(batch.logprobs, dtype=np.float32))
         rewards = torch.from_numpy(np.array(batch.rewards, dtype=np.float32))
         groups = torch.from_numpy(np.array(batch.group_indices, dtype=np.int64))
         adv = grpo.advantages(rewards, groups, self.algorithm)
 
         logits = self.model(input_ids=ids, attention_mask=attention).logits
-        loss = grpo.policy_gradient_loss(grpo.token_logprobs(logits, ids), response_mask, adv)
+        terms = grpo.corrected_policy_loss(grpo.token_logprobs(logits, ids, self.temperature), behaviour,
+                                           response_mask, adv, self.correction)
+        loss = terms.loss
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         average_gradients(self.model)
@@ -78,6 +101,8 @@ class PolicyTrainer:
             response_tokens=int(response_mask.sum()),
             grad_norm=norm,
             seconds=time.perf_counter() - started,
+            ratio_mean=terms.ratio_mean,
+            clipped_fraction=terms.clipped_fraction,
         )
 
 
