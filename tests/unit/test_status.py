@@ -1,5 +1,11 @@
 from rljob_operator.conditions import find
-from rljob_operator.reconcile.status import Observed, TrainerState, build_status, status_delta, trainer_state
+from rljob_operator.reconcile.job_status import (
+    Observed,
+    TrainerState,
+    build_status,
+    status_delta,
+    trainer_state,
+)
 
 from controller_runtime.clock import iso
 

@@ -5,12 +5,12 @@
 - `children`: make the children exist (Services, executor, trainer, RayCluster); the trainer's outcome.
 - `engines`: the job's InferenceController (cells, probes, restarts) and one pass of it.
 - `delete`: what happens when the RLJob goes away, or this replica stops running its daemon.
-- `status` (pure) and `status_writer`: conditions, phase and printer counts from what was observed.
+- `job_status` (pure) and `status_writer`: conditions, phase and printer counts from what was observed.
 - `context` and `flow`: what every step takes (the job and its ports) and returns (a `StepResult`:
   continue / requeue-after / stop, with a reason).
 
 A step takes the objects it works on and returns what it saw; only `job_runtime` knows the
 order and folds the observations into the status writer's input. The layers (import-linter,
 pyproject.toml): job_runtime > lifecycle | delete > children | engines | status_writer >
-context | flow | status.
+context | flow | job_status.
 """

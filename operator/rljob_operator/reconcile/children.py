@@ -30,7 +30,7 @@ from rljob_operator.manifests import (
 from rljob_operator.names import trainer_name
 from rljob_operator.reconcile.context import JobContext
 from rljob_operator.reconcile.flow import StepResult
-from rljob_operator.reconcile.status import TrainerState, trainer_state
+from rljob_operator.reconcile.job_status import TrainerState, trainer_state
 
 CHILDREN_RESYNC_SECONDS = 30.0
 

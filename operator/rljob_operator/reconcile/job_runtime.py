@@ -31,7 +31,7 @@ from rljob_operator.reconcile.context import JobContext, JobKube, involved_objec
 from rljob_operator.reconcile.delete import release_job
 from rljob_operator.reconcile.engines import EngineFleet, ensure_engines
 from rljob_operator.reconcile.flow import Step, StepResult, run_steps
-from rljob_operator.reconcile.status import Observed, TrainerState
+from rljob_operator.reconcile.job_status import Observed, TrainerState
 from rljob_operator.reconcile.status_writer import StatusWriter
 from rljob_operator.registry import JobRegistry
 

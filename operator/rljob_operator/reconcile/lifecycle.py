@@ -24,7 +24,7 @@ from rljob_operator.labels import engine_selector, selector_string
 from rljob_operator.reconcile.context import JobContext
 from rljob_operator.reconcile.engines import EngineFleet
 from rljob_operator.reconcile.flow import StepResult
-from rljob_operator.reconcile.status import TERMINAL
+from rljob_operator.reconcile.job_status import TERMINAL
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from typing import Any
 
 from rljob_operator.metrics import Metrics
 from rljob_operator.reconcile.context import JobContext
-from rljob_operator.reconcile.status import Observed, build_status, status_delta
+from rljob_operator.reconcile.job_status import Observed, build_status, status_delta
 
 log = logging.getLogger(__name__)
 
