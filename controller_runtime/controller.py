@@ -25,8 +25,10 @@ Decisions worth knowing (see docs/design.md "The engine cell state machine"):
 - While a window is open, disruptive steps (recreating unhealthy cells, deleting surplus
   cells) are deferred to the first pass after it closes; observing, creating missing cells
   and marking cells Unhealthy continue.
-- `offload`, `onload` and `prepare_rollout` raise `LockHeld` while a window is open instead
-  of waiting: their caller is normally the window's holder, for whom waiting is a deadlock.
+- `offload` and `onload` raise `LockHeld` while a window is open instead of waiting: their
+  caller is normally the window's holder, for whom waiting is a deadlock. `prepare_rollout`
+  waits for the window to close (bounded, then `LockHeld` naming the holder), as miles' V2
+  does: its caller may be another trainer rank or tool while the writer pushes weights.
 - Aborting a window (by the caller, a failed weight check, or lock expiry) stops the
   participants whose generation has not changed: each is deleted and recreated at the next
   generation right away, *not* charged to the restart budget (the engine did nothing wrong;
@@ -42,6 +44,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from controller_runtime.api.control import PREPARE_WAIT_SECONDS
 from controller_runtime.api.spec import InferenceSpec, MemoryTag
 from controller_runtime.api.status import CellState, EngineStatus, RLJobStatus
 from controller_runtime.audit import AuditLog
@@ -81,6 +84,7 @@ log = logging.getLogger(__name__)
 
 PAUSE_WINDOW = "window"  # the health monitor's pause reason while an update window is open
 MIN_WAIT_SECONDS = 0.05  # between passes of `run`: a pass that wants to run again at once still yields
+LOCK_POLL_SECONDS = 0.1  # how often a waiting prepare_rollout looks whether the window closed
 S = CellState
 
 
@@ -440,14 +444,31 @@ class InferenceController:
         if self.lock.current is not None:
             raise LockHeld(f"{what} is refused while the update window of {self.lock.current.holder!r} is open")
 
-    async def prepare_rollout(self, rollout_id: int) -> None:
-        async with self.fleet.mutex:
-            await self._expire_lock_if_due()
-            self._refuse_in_window("prepare_rollout")
-            self.rollout_id = rollout_id
-            self.health.resume(PAUSE_OFFLOAD)
-            self.fleet.record("rollout_prepared", rollout_id=rollout_id)
-            self.fleet.emit(Reason.RolloutPrepared, f"rollout {rollout_id}; health monitoring active")
+    async def prepare_rollout(self, rollout_id: int, wait_seconds: float | None = None) -> None:
+        """Record the rollout and resume health monitoring; during an open window, wait for it.
+
+        The wait is bounded by `wait_seconds` (default PREPARE_WAIT_SECONDS; the window itself
+        is bounded by its lock's expiry) and then answers LockHeld naming the holder. The
+        window's holder must not call this inside its own window: it would wait for itself.
+        """
+        wait = PREPARE_WAIT_SECONDS if wait_seconds is None else wait_seconds
+        deadline = self.clock.now() + wait
+        while True:
+            async with self.fleet.mutex:
+                await self._expire_lock_if_due()
+                lock = self.lock.current
+                if lock is None:
+                    self.rollout_id = rollout_id
+                    self.health.resume(PAUSE_OFFLOAD)
+                    self.fleet.record("rollout_prepared", rollout_id=rollout_id)
+                    self.fleet.emit(Reason.RolloutPrepared, f"rollout {rollout_id}; health monitoring active")
+                    return
+                left = deadline - self.clock.now()
+                if left <= 0:
+                    waited = f"waited {wait:g} s for" if wait > 0 else "is refused while"
+                    raise LockHeld(f"prepare_rollout {waited} the update window of {lock.holder!r} "
+                                   f"(open since {iso(lock.since)}, expires {iso(lock.expires)})")
+            await self.clock.sleep(min(LOCK_POLL_SECONDS, left))
 
     async def offload(self, tags: Sequence[MemoryTag | str] | None = None) -> MemoryChange:
         """Release engine memory (default: spec.offload.tags) of every PendingWeights/Serving cell."""

@@ -20,6 +20,7 @@ from controller_runtime.api.spec import MemoryTag
 from controller_runtime.api.status import EngineStatus, LockStatus
 
 API_PREFIX = "/apis/control.rljob.io/v1alpha1"
+PREPARE_WAIT_SECONDS = 30.0  # how long prepare_rollout waits for an open window by default
 
 
 def job_path(namespace: str, name: str, verb: str) -> str:
@@ -28,6 +29,9 @@ def job_path(namespace: str, name: str, verb: str) -> str:
 
 class PrepareRolloutRequest(ApiModel):
     rollout_id: int = Field(ge=0)
+    wait_seconds: float | None = Field(default=None, ge=0, description=(
+        "How long to wait for an open update window to close before answering LockHeld "
+        f"(default {PREPARE_WAIT_SECONDS:g} s; 0: refuse at once)."))
 
 
 class TagsRequest(ApiModel):
@@ -36,6 +40,9 @@ class TagsRequest(ApiModel):
 
 class StartUpdateRequest(ApiModel):
     holder: str = Field(min_length=1, description="Who opens the window (trainer pod name); shown in status.lock.")
+    ready_timeout_seconds: float | None = Field(default=None, ge=0, description=(
+        "Wait up to this long for cells that are starting before the window opens over the "
+        "ready ones (spec.inference.weightUpdate.readyTimeoutSeconds; absent: no wait)."))
 
 
 class EngineEndpoint(ApiModel):

@@ -186,6 +186,7 @@ class WeightUpdateSpec(ApiModel):
     pause_mode: PauseMode = Field(default=PauseMode.wait, description="How in-flight requests are treated while weights change (vLLM /pause?mode=).")
     check_weights: bool = Field(default=False, description="Snapshot engine weight checksums before, compare after (miles check_weight_update_equal).")
     lock_timeout_seconds: float = Field(default=600, gt=0, description="An update window left open longer than this is aborted and reported.")
+    ready_timeout_seconds: float = Field(default=60, ge=0, description="A window first waits up to this long for cells that are starting, then opens over the ready ones (miles start_update_weights ready_timeout); 0: only the cells ready at that instant.")
     shared_path: str = Field(default="/checkpoints", min_length=1, max_length=MAX_PATH, description="Shared directory where the trainer writes weights for disk updates.")
     pvc: PvcSource | None = Field(default=None, description="PVC mounted at sharedPath in engine and trainer pods (disk updates across pods need shared storage).")
 

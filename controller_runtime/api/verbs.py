@@ -110,7 +110,8 @@ def eval_response(fleet: Any) -> EvalFleetResponse:
 
 
 async def _prepare_rollout(c: Any, req: PrepareRolloutRequest) -> CellsResponse:
-    await c.prepare_rollout(req.rollout_id)
+    # Optional fields go through only when sent: a controller stand-in with the old signature still answers.
+    await c.prepare_rollout(req.rollout_id, **({} if req.wait_seconds is None else {"wait_seconds": req.wait_seconds}))
     return cells_response(c)
 
 
@@ -123,7 +124,8 @@ async def _onload(c: Any, req: TagsRequest) -> MemoryChangeResponse:
 
 
 async def _start_update_weights(c: Any, req: StartUpdateRequest) -> UpdateWindowResponse:
-    return window_response(await c.start_update_weights(req.holder))
+    ready = {} if req.ready_timeout_seconds is None else {"ready_timeout": req.ready_timeout_seconds}
+    return window_response(await c.start_update_weights(req.holder, **ready))
 
 
 async def _end_update_weights(c: Any, req: EndUpdateRequest) -> CellsResponse:

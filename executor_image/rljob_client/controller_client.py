@@ -34,6 +34,7 @@ from pydantic import BaseModel, ValidationError
 
 from controller_runtime.api.base import ApiModel
 from controller_runtime.api.control import (
+    PREPARE_WAIT_SECONDS,
     AbortUpdateRequest,
     AbortUpdateResponse,
     CellsResponse,
@@ -159,7 +160,7 @@ class WeightUpdateWindow:
 class ControllerClient(Protocol):
     """What a trainer may ask of the InferenceController (miles' controller API)."""
 
-    async def prepare_rollout(self, rollout_id: int) -> None: ...
+    async def prepare_rollout(self, rollout_id: int, wait_seconds: float | None = None) -> None: ...
 
     async def offload(self, tags: Sequence[MemoryTag] | None = None) -> MemoryChangeResponse: ...
 
@@ -173,14 +174,14 @@ class ControllerClient(Protocol):
 
     async def eval_fleet(self) -> EvalFleetResponse: ...
 
-    async def start_update_weights(self, holder: str) -> UpdateWindowResponse: ...
+    async def start_update_weights(self, holder: str, ready_timeout: float | None = None) -> UpdateWindowResponse: ...
 
     async def end_update_weights(self, snapshot: dict[str, int], weight_version: str | None = None) -> None: ...
 
     async def abort_update_weights(self, snapshot: dict[str, int]) -> list[str]: ...
 
     def update_weights(
-        self, holder: str | None = None, weight_version: str | None = None
+        self, holder: str | None = None, weight_version: str | None = None, ready_timeout: float | None = None
     ) -> contextlib.AbstractAsyncContextManager[WeightUpdateWindow]: ...
 
     async def close(self) -> None: ...
@@ -196,17 +197,22 @@ class _VerbClient:
 
     holder: str
 
-    async def _call(self, verb: str, request: ApiModel | None) -> ApiModel:
+    async def _call(self, verb: str, request: ApiModel | None, waits: float = 0.0) -> ApiModel:
+        """`waits`: seconds the controller may legitimately take on top of a normal answer
+        (a prepare that waits for a window, a window that waits for starting cells)."""
         raise NotImplementedError
 
-    async def _answer(self, verb: str, request: ApiModel | None, reply: type[M]) -> M:
-        out = await self._call(verb, request)
+    async def _answer(self, verb: str, request: ApiModel | None, reply: type[M], waits: float = 0.0) -> M:
+        out = await self._call(verb, request, waits)
         if not isinstance(out, reply):
             raise ControllerAPIError(0, BAD_RESPONSE, f"{verb}: answered {type(out).__name__}, not {reply.__name__}")
         return out
 
-    async def prepare_rollout(self, rollout_id: int) -> None:
-        await self._call("prepare_rollout", PrepareRolloutRequest(rollout_id=rollout_id))
+    async def prepare_rollout(self, rollout_id: int, wait_seconds: float | None = None) -> None:
+        """During an open window the controller waits for it to close (`wait_seconds`, default
+        the controller's), then answers LockHeld naming the holder."""
+        await self._call("prepare_rollout", PrepareRolloutRequest(rollout_id=rollout_id, wait_seconds=wait_seconds),
+                         waits=PREPARE_WAIT_SECONDS if wait_seconds is None else wait_seconds)
 
     async def offload(self, tags: Sequence[MemoryTag] | None = None) -> MemoryChangeResponse:
         """Default tags: all of them, as the wire's TagsRequest defaults. Raises MemoryChangeFailed if an engine refused."""
@@ -228,8 +234,10 @@ class _VerbClient:
     async def eval_fleet(self) -> EvalFleetResponse:
         return await self._answer("eval_fleet", None, EvalFleetResponse)
 
-    async def start_update_weights(self, holder: str) -> UpdateWindowResponse:
-        return await self._answer("start_update_weights", StartUpdateRequest(holder=holder), UpdateWindowResponse)
+    async def start_update_weights(self, holder: str, ready_timeout: float | None = None) -> UpdateWindowResponse:
+        """With `ready_timeout`, the controller first waits up to that long for cells that are starting."""
+        request = StartUpdateRequest(holder=holder, ready_timeout_seconds=ready_timeout)
+        return await self._answer("start_update_weights", request, UpdateWindowResponse, waits=ready_timeout or 0.0)
 
     async def end_update_weights(self, snapshot: dict[str, int], weight_version: str | None = None) -> None:
         await self._call("end_update_weights", EndUpdateRequest(snapshot=snapshot, weight_version=weight_version))
@@ -240,10 +248,11 @@ class _VerbClient:
 
     @contextlib.asynccontextmanager
     async def update_weights(
-        self, holder: str | None = None, weight_version: str | None = None
+        self, holder: str | None = None, weight_version: str | None = None, ready_timeout: float | None = None
     ) -> AsyncIterator[WeightUpdateWindow]:
         """Open a window; end it on a clean exit, abort it on any exception (then re-raise)."""
-        resp = await self.start_update_weights(holder or self.holder)
+        resp = await (self.start_update_weights(holder or self.holder) if ready_timeout is None
+                      else self.start_update_weights(holder or self.holder, ready_timeout))
         window = WeightUpdateWindow.from_response(resp, weight_version)
         try:
             yield window
@@ -330,7 +339,7 @@ class InferenceControllerClient(_VerbClient):
             self._owns_session = True
         return self._session
 
-    async def _call(self, verb: str, request: ApiModel | None) -> ApiModel:
+    async def _call(self, verb: str, request: ApiModel | None, waits: float = 0.0) -> ApiModel:
         spec = VERBS[verb]
         url = self.base_url + job_path(self.namespace, self.name, verb)
         payload = request.model_dump(by_alias=True, mode="json", exclude_none=True) if request is not None else None
@@ -339,7 +348,7 @@ class InferenceControllerClient(_VerbClient):
             try:
                 async with self._client().request(
                     spec.method, url, json=payload, headers=self._headers(),
-                    timeout=aiohttp.ClientTimeout(total=self._timeout),
+                    timeout=aiohttp.ClientTimeout(total=self._timeout + waits),
                 ) as resp:
                     text = await resp.text()
                     if resp.status < 300:
@@ -354,7 +363,7 @@ class InferenceControllerClient(_VerbClient):
                 err = ControllerUnavailable(0, UNREACHABLE, f"{url}: {exc}")
                 delay = 1.0
             except TimeoutError as exc:
-                raise ControllerUnavailable(0, TIMEOUT, f"{verb}: no answer within {self._timeout}s") from exc
+                raise ControllerUnavailable(0, TIMEOUT, f"{verb}: no answer within {self._timeout + waits:g}s") from exc
             if not is_retryable(err):
                 raise err
             delay = min(max(delay, 0.05), self._max_retry_delay)
@@ -399,7 +408,7 @@ class LocalControllerClient(_VerbClient):
         self.controller = controller
         self.holder = holder
 
-    async def _call(self, verb: str, request: ApiModel | None) -> ApiModel:
+    async def _call(self, verb: str, request: ApiModel | None, waits: float = 0.0) -> ApiModel:
         try:
             return await VERBS[verb].call(self.controller, request)
         except Exception as exc:

@@ -192,8 +192,33 @@ async def test_second_window_is_refused_while_one_is_open() -> None:
         await h.ctrl.offload()
     with pytest.raises(LockHeld):
         await h.ctrl.onload()
-    with pytest.raises(LockHeld):
-        await h.ctrl.prepare_rollout(1)
+    with pytest.raises(LockHeld):  # issue 10 bug 1: prepare_rollout now waits for the window; 0 s refuses at once
+        await h.ctrl.prepare_rollout(1, wait_seconds=0)
+
+
+async def test_prepare_rollout_waits_for_an_open_window_to_close() -> None:
+    """Issue 10 bug 1: a second rank's prepare during the writer's window was refused with LockHeld and the rank died."""
+    h = harness(1)
+    await bring_up(h)
+    window = await h.ctrl.start_update_weights("trainer-0")
+    waiting = asyncio.ensure_future(h.ctrl.prepare_rollout(4))
+    await h.clock.advance(5.0)
+    assert not waiting.done() and h.ctrl.rollout_id is None
+    await h.ctrl.end_update_weights(window.snapshot, "1")
+    await with_clock(h.clock, waiting, step=0.1)
+    assert h.ctrl.rollout_id == 4
+
+
+async def test_prepare_rollout_gives_up_after_its_wait_naming_the_holder() -> None:
+    h = harness(1)
+    await bring_up(h)
+    await h.ctrl.start_update_weights("trainer-0")
+    waiting = asyncio.ensure_future(h.ctrl.prepare_rollout(4, wait_seconds=20))
+    await h.clock.advance(19.0)
+    assert not waiting.done()
+    with pytest.raises(LockHeld, match=r"waited 20 s for the update window of 'trainer-0'"):
+        await with_clock(h.clock, waiting)
+    assert h.ctrl.rollout_id is None and h.ctrl.lock.current is not None
 
 
 async def test_window_without_ready_engines_is_refused() -> None:

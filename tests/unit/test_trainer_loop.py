@@ -10,25 +10,28 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
+import yaml
 from rljob_client.controller_client import LocalControllerClient
 from rljob_client.trainbatch import TrainBatch
-from rljob_client.trainer.loop import LoopConfig, TrainingLoop
+from rljob_client.trainer.loop import LoopConfig, TrainingLoop, WeightSyncFailed
 from rljob_client.trainer.policy import StepMetrics
 
-from controller_runtime.api.spec import InferenceSpec, MemoryTag
+from controller_runtime.api.spec import InferenceSpec, MemoryTag, RLJobSpec
 from controller_runtime.api.status import CellState
 from controller_runtime.clock import FakeClock
 from controller_runtime.controller import InferenceController
 from controller_runtime.fakes import FakeEngines, FakePlatform, settle
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+TINY_CPU = Path(__file__).resolve().parents[2] / "examples" / "tiny-cpu.yaml"
 
 
 async def eventually(predicate: Callable[[], bool], within: float = 5.0) -> None:
@@ -51,6 +54,7 @@ class RecordingController(LocalControllerClient):
     def __init__(self, controller: InferenceController, journal: Journal) -> None:
         super().__init__(controller, holder="trainer-0")
         self.journal = journal
+        self.ready_timeouts: list[float | None] = []
 
     async def prepare_rollout(self, rollout_id: int) -> None:
         self.journal.calls.append("prepare_rollout")
@@ -64,9 +68,10 @@ class RecordingController(LocalControllerClient):
         self.journal.calls.append(f"onload {','.join(map(str, tags))}")
         return await super().onload(tags)
 
-    async def start_update_weights(self, holder: str) -> Any:
+    async def start_update_weights(self, holder: str, ready_timeout: float | None = None) -> Any:
         self.journal.calls.append("start_update_weights")
-        return await super().start_update_weights(holder)
+        self.ready_timeouts.append(ready_timeout)
+        return await super().start_update_weights(holder, ready_timeout)
 
     async def end_update_weights(self, snapshot: dict[str, int], weight_version: str | None = None) -> None:
         self.journal.calls.append(f"end_update_weights v{weight_version}")
@@ -94,6 +99,8 @@ class Rollouts:
         self.journal = journal
         self.controller = controller
         self.versions: list[int] = []
+        self.gate: list[str] = []  # the executor's begin/end weight update, apart from the step journal
+        self.gate_journal_at: list[int] = []  # len(journal.calls) when each gate call came
 
     async def get(self, rollout_id: int, rank: int, world_size: int) -> TrainBatch:
         self.journal.calls.append("get")
@@ -103,6 +110,16 @@ class Rollouts:
     async def set_weight_version(self, version: int) -> None:
         self.journal.calls.append(f"set_weight_version {version}")
         self.versions.append(version)
+
+    async def begin_weight_update(self) -> dict[str, Any]:
+        self.gate.append("begin")
+        self.gate_journal_at.append(len(self.journal.calls))
+        return {"mode": "drain", "in_flight": 0}
+
+    async def end_weight_update(self, version: int | None = None) -> int:
+        self.gate.append(f"end {version}")
+        self.gate_journal_at.append(len(self.journal.calls))
+        return version or 0
 
 
 class Policy:
@@ -222,3 +239,95 @@ async def test_a_fleet_that_waits_for_weights_gets_the_current_version_pushed(ri
     assert new.weight_version == "2"
     pushes = [c for c in rig.journal.calls if c.startswith("end_update_weights")]
     assert pushes == ["end_update_weights v0", "end_update_weights v1", "end_update_weights v1", "end_update_weights v2"]
+
+
+class Counting:
+    """Wraps the fake engines: counts reloads in progress, optionally holds them until all engines are in."""
+
+    def __init__(self, engines: FakeEngines, hold_for: int = 0) -> None:
+        self.engines = engines
+        self.hold_for = hold_for
+        self.active = 0
+        self.most = 0
+        self.all_in = asyncio.Event()
+
+    def __call__(self, endpoint: str) -> Any:
+        inner = self.engines(endpoint)
+        counting = self
+
+        class Client:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(inner, name)
+
+            async def update_weights_from_disk(self, path: str, version: str | None = None) -> None:
+                counting.active += 1
+                counting.most = max(counting.most, counting.active)
+                if counting.active >= counting.hold_for:
+                    counting.all_in.set()
+                try:
+                    await asyncio.wait_for(counting.all_in.wait(), timeout=2.0)
+                    await inner.update_weights_from_disk(path, version)
+                finally:
+                    counting.active -= 1
+
+        return Client()
+
+
+@pytest.fixture
+async def fleet_rig(tmp_path: Path) -> AsyncIterator[Rig]:
+    async for r in make_rig(tmp_path, replicas=3):
+        yield r
+
+
+async def test_a_window_pushes_to_all_engines_at_once(fleet_rig: Rig) -> None:
+    """Issue 10 bug 6: engines were pushed one after the other (here: each reload waits for all three)."""
+    rig = fleet_rig
+    await eventually(lambda: len(rig.controller.serving_endpoints()) == 3)
+    counting = Counting(rig.engines, hold_for=3)
+    loop = TrainingLoop(rig.loop.config, rig.loop.controller, rig.rollouts, rig.loop.policy, counting)
+    assert await loop.sync_weights(1) == 1
+    assert counting.most == 3
+    assert all(e.weight_version == "1" and not e.paused for e in rig.engines.engines.values())
+
+
+async def test_one_failing_engine_aborts_the_window_and_leaves_no_engine_paused(fleet_rig: Rig) -> None:
+    rig = fleet_rig
+    await eventually(lambda: len(rig.controller.serving_endpoints()) == 3)
+    bad = rig.engines.engines[FakePlatform.endpoint_of("job-cell-1", 0)]
+    bad.fail.add("update_weights_from_disk")
+    assert await rig.loop.sync_weights(1) == 2
+    assert "abort_update_weights" in rig.journal.calls
+    assert bad.calls[-2:] == ["update_weights_from_disk", "resume"] and not bad.paused
+    others = [rig.engines.engines[FakePlatform.endpoint_of(f"job-cell-{i}", 0)] for i in (0, 2)]
+    assert all(e.calls.count("resume") >= 1 and not e.paused for e in others)
+    assert rig.controller.weight_version == "1"
+
+
+async def test_each_sync_closes_the_executor_gate_around_the_window(rig: Rig) -> None:
+    """Issue 10 bug 5: spec.rollout.onWeightUpdate did nothing, no one called begin/end_weight_update."""
+    await eventually(lambda: bool(rig.controller.serving_endpoints()))
+    await rig.loop.sync_weights(0)
+    calls = rig.journal.calls
+    assert rig.rollouts.gate == ["begin", "end 0"]
+    begin_at, end_at = rig.rollouts.gate_journal_at
+    assert calls[begin_at] == "start_update_weights"  # the gate closed before the window opened
+    assert calls[end_at - 1] == "set_weight_version 0"  # and reopened once the executor knew the version
+    [engine] = rig.engines.engines.values()
+    engine.fail.add("update_weights_from_disk")
+    loop = TrainingLoop(replace(rig.loop.config, max_update_attempts=1), rig.loop.controller, rig.rollouts,
+                        rig.loop.policy, rig.engines)
+    with pytest.raises(WeightSyncFailed):
+        await loop.sync_weights(1)
+    assert rig.rollouts.gate[-2:] == ["begin", "end None"], "a failed sync still reopens generation, on the old version"
+
+
+async def test_the_window_waits_for_starting_cells_as_configured(rig: Rig) -> None:
+    """Issue 10 bug 6: start_update_weights' ready_timeout was never passed."""
+    await eventually(lambda: bool(rig.controller.serving_endpoints()))
+    loop = TrainingLoop(replace(rig.loop.config, ready_timeout_seconds=7.0), rig.loop.controller, rig.rollouts,
+                        rig.loop.policy, rig.engines)
+    await loop.sync_weights(0)
+    controller = rig.loop.controller
+    assert isinstance(controller, RecordingController) and controller.ready_timeouts == [7.0]
+    spec = RLJobSpec.model_validate(yaml.safe_load(TINY_CPU.read_text())["spec"])
+    assert LoopConfig.from_spec(spec).ready_timeout_seconds == spec.inference.weight_update.ready_timeout_seconds == 60

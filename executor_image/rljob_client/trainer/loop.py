@@ -1,4 +1,4 @@
-"""The training loop in miles' colocated step order, with `disk` weight sync.
+"""The training loop in miles' colocated step order, with a pluggable weight transport.
 
 Per step (REFERENCE-miles.md "Training step order"):
 
@@ -7,10 +7,12 @@ Per step (REFERENCE-miles.md "Training step order"):
    `offload(tags)`;
 3. train on the batch;
 4. colocated: `onload_weights()`;
-5. weight update: write version `step + 1` to the shared dir, open the window, and for each
-   engine: pause -> reload from disk -> set weight version -> resume; `end_update_weights`
-   (cells join serving) or, on any failure, `abort_update_weights` and retry; then the
-   executor's `set_weight_version(step + 1)`;
+5. weight update: stage version `step + 1` (disk: write it to the shared dir), close the
+   executor's gate (`begin_weight_update`: spec.rollout.onWeightUpdate drains or aborts the
+   in-flight requests), open the window and push to every engine of it at once (the
+   transport, `trainer/transport.py`); `end_update_weights` (cells join serving) or, on any
+   failure, `abort_update_weights` and retry; then the executor's `set_weight_version(step + 1)`
+   and `end_weight_update` (the gate reopens, aborted requests retry on the new weights);
 6. colocated: `onload_kv()`.
 
 Before the first step, version 0 (the initial weights) is pushed the same way: it waits for
@@ -30,13 +32,22 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from controller_runtime.api.spec import Engine, MemoryTag, PauseMode, RLJobSpec
+from controller_runtime.api.spec import Engine, MemoryTag, PauseMode, RLJobSpec, WeightUpdateMethod
 from controller_runtime.api.status import CellState
 from controller_runtime.errors import EngineError
-from controller_runtime.ports import EngineClient
 from controller_runtime.window import NoReadyEngines
 from rljob_client.controller_client import ControllerClient
 from rljob_client.trainer.policy import PolicyTrainer, StepMetrics
+from rljob_client.trainer.ranks import RankFailed, RankSync, SingleRank
+from rljob_client.trainer.transport import (
+    DEFAULT_PUSH_CONCURRENCY,
+    DiskTransport,
+    EngineFactory,
+    TransportContext,
+    WeightTransport,
+    make_transport,
+    push_from_disk,
+)
 from rljob_client.trainer.weights import DiskWeightWriter
 
 if TYPE_CHECKING:  # the executor's batch type; imported for annotations only
@@ -44,7 +55,8 @@ if TYPE_CHECKING:  # the executor's batch type; imported for annotations only
 
 log = logging.getLogger(__name__)
 
-EngineFactory = Callable[[str], EngineClient]
+__all__ = ["EngineFactory", "LoopConfig", "RankFailed", "RolloutSource", "StepRecord", "ThreadedRolloutStream",
+           "TrainingLoop", "WeightSyncFailed", "push_from_disk"]
 
 
 class WeightSyncFailed(RuntimeError):
@@ -52,11 +64,20 @@ class WeightSyncFailed(RuntimeError):
 
 
 class RolloutSource(Protocol):
-    """The executor as the loop needs it (RolloutStream, wrapped to be awaitable)."""
+    """The executor as the loop needs it (RolloutStream, wrapped to be awaitable).
+
+    `begin_weight_update`/`end_weight_update` are the executor's gate around a window
+    (spec.rollout.onWeightUpdate: drain finishes in-flight requests on the old weights, abort
+    cancels them and retries them on the new ones); only the writer rank calls them.
+    """
 
     async def get(self, rollout_id: int, rank: int, world_size: int) -> TrainBatch: ...
 
     async def set_weight_version(self, version: int) -> None: ...
+
+    async def begin_weight_update(self) -> Any: ...
+
+    async def end_weight_update(self, version: int | None = None) -> Any: ...
 
 
 class ThreadedRolloutStream:
@@ -70,6 +91,12 @@ class ThreadedRolloutStream:
 
     async def set_weight_version(self, version: int) -> None:
         await asyncio.to_thread(self.stream.set_weight_version, version)
+
+    async def begin_weight_update(self) -> Any:
+        return await asyncio.to_thread(self.stream.begin_weight_update)
+
+    async def end_weight_update(self, version: int | None = None) -> Any:
+        return await asyncio.to_thread(self.stream.end_weight_update, version)
 
 
 @dataclass(frozen=True)
@@ -87,6 +114,9 @@ class LoopConfig:
     fleet_timeout_seconds: float = 1800.0  # waiting for an engine to take weights at all
     keep_versions: int = 2
     rejoin_check_seconds: float = 5.0  # while waiting for a rollout: does the fleet wait for weights?
+    weight_update_method: WeightUpdateMethod = WeightUpdateMethod.disk
+    ready_timeout_seconds: float | None = None  # a window waits this long for starting cells (None: not at all)
+    push_concurrency: int = DEFAULT_PUSH_CONCURRENCY  # engines of one window pushed at once
 
     @classmethod
     def from_spec(cls, spec: RLJobSpec, *, steps: int | None = None, sync_dir: str | os.PathLike[str] | None = None,
@@ -103,6 +133,8 @@ class LoopConfig:
             rank=rank,
             world_size=world_size,
             fleet_timeout_seconds=inf.health_check.startup_deadline_seconds,
+            weight_update_method=inf.weight_update.method,
+            ready_timeout_seconds=inf.weight_update.ready_timeout_seconds,
         )
 
 
@@ -130,20 +162,10 @@ class StepRecord:
         return asdict(self)
 
 
-async def push_from_disk(client: EngineClient, path: str, version: int, pause_mode: PauseMode) -> None:
-    """One engine: pause -> reload weights from `path` -> set the version -> resume.
-
-    Resume is attempted even when the reload fails, so an engine is never left paused by us;
-    the failure still propagates and aborts the window.
-    """
-    await client.pause(pause_mode)
-    try:
-        await client.update_weights_from_disk(path, str(version))
-    finally:
-        await client.resume()
-
-
 class TrainingLoop:
+    """One rank's loop. Rank 0 (the writer) makes every control call and pushes the weights;
+    the others train and wait at `ranks.share_version` until the step's weights are live."""
+
     def __init__(
         self,
         config: LoopConfig,
@@ -153,6 +175,8 @@ class TrainingLoop:
         engines: EngineFactory,
         *,
         writer: DiskWeightWriter | None = None,
+        transport: WeightTransport | None = None,
+        ranks: RankSync | None = None,
         on_step: Callable[[StepRecord], None] | None = None,
         on_status: Callable[[str], None] | None = None,
     ) -> None:
@@ -161,7 +185,13 @@ class TrainingLoop:
         self.rollouts = rollouts
         self.policy = policy
         self.engines = engines
-        self.writer = writer or DiskWeightWriter(config.sync_dir, policy.model_dir, keep=config.keep_versions)
+        self.transport = transport or make_transport(config.weight_update_method, TransportContext(
+            engines=engines, pause_mode=config.pause_mode, sync_dir=config.sync_dir,
+            source_model_dir=Path(policy.model_dir), keep_versions=config.keep_versions,
+            concurrency=config.push_concurrency, writer=writer,
+        ))
+        self.writer = self.transport.writer if isinstance(self.transport, DiskTransport) else writer
+        self.ranks: RankSync = ranks or SingleRank()
         self.on_step = on_step
         self.on_status = on_status
         self.records: list[StepRecord] = []
@@ -183,33 +213,58 @@ class TrainingLoop:
         if self.is_writer and initial_sync:
             self._status("pushing the initial weights (waits for an engine to come up)")
             await self.sync_weights(start_step)
-        for step in range(start_step, self.config.steps):
-            if stop is not None and stop.is_set():
-                break
-            record = await self.step(step)
-            self.records.append(record)
-            if self.on_step is not None:
-                self.on_step(record)
+        if not self.is_writer:
+            self.version = start_step
+        try:
+            for step in range(start_step, self.config.steps):
+                if stop is not None and stop.is_set():
+                    break
+                record = await self.step(step)
+                self.records.append(record)
+                if self.on_step is not None:
+                    self.on_step(record)
+        finally:
+            self.ranks.close()
         return self.records
+
+    async def begin_step(self, step: int) -> None:
+        """The writer prepares the rollout; then every rank agrees that weights v`step` are live.
+
+        The barrier is here, before any rank asks for the rollout: the writer has pushed the
+        version of the previous step and told the executor, so the batch each rank gets is
+        frozen at the version this step expects (bug 2 of issue 10).
+        """
+        if self.is_writer:
+            await self.controller.prepare_rollout(step)
+        if self.config.world_size > 1:
+            self.version = await self.ranks.share_version(step, self.version if self.is_writer else None)
 
     async def step(self, step: int) -> StepRecord:
         started = time.perf_counter()
-        await self.controller.prepare_rollout(step)
+        await self.begin_step(step)
         self._status(f"step {step}: waiting for rollout")
+        self.ranks.at(f"step {step}: waiting for the rollout")
         batch = await self.get_batch(step)
         got = time.perf_counter()
-        if self.config.offload_tags:
+        if self.is_writer and self.config.offload_tags:
             await self.controller.offload(list(self.config.offload_tags))
         self._status(f"step {step}: training on {len(batch)} samples")
-        metrics: StepMetrics = await asyncio.to_thread(self.policy.train_step, batch)
-        if self.config.offload_tags:
+        self.ranks.at(f"step {step}: training (gradient all-reduce)")
+        try:
+            metrics: StepMetrics = await asyncio.to_thread(self.policy.train_step, batch)
+        except RuntimeError as exc:
+            if self.config.world_size == 1:
+                raise
+            raise await self.ranks.failure(exc, f"step {step}: training") from exc
+        if self.is_writer and self.config.offload_tags:
             await self.controller.onload_weights()
         trained = time.perf_counter()
         attempts = 1
         if self.is_writer:
+            self.ranks.at(f"step {step}: pushing weights v{step + 1}")
             attempts = await self.sync_weights(step + 1)
-        if self.config.offload_tags:
-            await self.controller.onload_kv()
+            if self.config.offload_tags:
+                await self.controller.onload_kv()
         done = time.perf_counter()
         return StepRecord(
             step=step,
@@ -245,7 +300,7 @@ class TrainingLoop:
                     return get.result()
                 if self.is_writer and await self.fleet_waits_for_weights():
                     self._status(f"step {step}: no engine serving; pushing weights v{self.version} to the waiting cells")
-                    await self.push(str(self.writer.path_for(self.version)), self.version)
+                    await self.push(self.version)
         finally:
             if not get.done():
                 get.cancel()
@@ -255,29 +310,40 @@ class TrainingLoop:
         return not cells.serving_endpoints and any(e.state is CellState.PendingWeights for e in cells.engines)
 
     async def sync_weights(self, version: int) -> int:
-        """Write `version` and push it to every engine of a window; returns the attempts it took."""
-        path = await asyncio.to_thread(self.writer.save, self.policy.model, version)
-        attempts = await self.push(str(path), version)
-        await self.rollouts.set_weight_version(version)
+        """Stage `version` and push it to every engine of a window, inside the executor's gate;
+        returns the attempts it took.
+
+        The gate closes before the window opens (drain: in-flight requests finish on the old
+        weights; abort: they are cancelled) and reopens after the executor knows the new version,
+        so a retried request is generated on the new weights. It reopens even when the push
+        fails, at the old version: a failed sync must not stop generation.
+        """
+        await self.transport.stage(self.policy.model, version)
+        await self.rollouts.begin_weight_update()
+        reopen_at: int | None = None
+        try:
+            attempts = await self.push(version)
+            await self.rollouts.set_weight_version(version)
+            reopen_at = version
+        finally:
+            await self.rollouts.end_weight_update(reopen_at)
         self.version = version
         return attempts
 
-    async def push(self, path: str, version: int) -> int:
+    async def push(self, version: int) -> int:
         """Open windows until one completes: engine faults abort and retry, an empty fleet waits."""
         loop = asyncio.get_running_loop()
         fleet_deadline = loop.time() + self.config.fleet_timeout_seconds
         attempt = 0
         while True:
             try:
-                async with self.controller.update_weights(self.config.holder, weight_version=str(version)) as window:
+                async with self.controller.update_weights(self.config.holder, weight_version=str(version),
+                                                          ready_timeout=self.config.ready_timeout_seconds) as window:
                     self._status(f"weights v{version}: pushing to {len(window.engines)} engines")
-                    for engine in window.engines:
-                        client = self.engines(engine.endpoint)
-                        try:
-                            await push_from_disk(client, path, version, self.config.pause_mode)
-                        finally:
-                            await client.close()
-                        window.pushed.append(engine.cell)
+                    opened = loop.time()
+                    await self.transport.push(window, version, self.policy.model)
+                    log.info("weights v%d: pushed to %d engines in %.2f s", version, len(window.engines),
+                             loop.time() - opened)
                 return attempt + 1
             except NoReadyEngines as exc:
                 if loop.time() > fleet_deadline:
