@@ -440,15 +440,53 @@ class OffPolicySpec(ApiModel):
     tis_cap: float = Field(default=2.0, ge=1, le=1000, description="mode tis: the largest importance weight C in min(ratio, C) (miles --tis-clip).")
 
 
+SAVE_EVERY_SPELLINGS_MSG = (
+    "spec.trainer.reference.saveEvery is the old spelling of saveEverySteps and disagrees with it: "
+    "set saveEverySteps only"
+)
+
+
 class ReferenceTrainerSpec(ApiModel):
     """The bundled torch trainer (GRPO/REINFORCE), used when spec.trainer.command and workloadRef are unset."""
+
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": cel(
+            ("!has(self.saveEvery) || self.saveEverySteps == 0 || self.saveEvery == self.saveEverySteps",
+             SAVE_EVERY_SPELLINGS_MSG, ".saveEvery"),
+        )
+    }
 
     steps: int = Field(default=50, ge=1, description="Training steps (one rollout each).")
     learning_rate: float = Field(default=1e-3, gt=0, description="Adam learning rate.")
     algorithm: Literal["grpo", "reinforce"] = Field(default="grpo", description="grpo: advantages normalised within each prompt's group of samples; reinforce: reward minus the batch mean.")
-    save_every: int = Field(default=0, ge=0, description="Checkpoint every N steps (0: only weight-sync files).")
+    save_every_steps: int = Field(
+        default=0, ge=0, le=1_000_000,
+        description=(
+            "Every N steps the trainer saves a checkpoint (full-precision model, optimizer, RNG states, step, "
+            "weight version and the executor's dataset position) under the weight-sync path, and a restarted "
+            "trainer resumes from the newest one; 0: no checkpoints (a restart resumes from the weight-sync "
+            "files with a fresh optimizer)."
+        ),
+    )
+    save_every: int | None = Field(default=None, ge=0, le=1_000_000, description="Deprecated: the old spelling of saveEverySteps, read when saveEverySteps is 0.")
+    keep_checkpoints: int = Field(default=2, ge=1, le=1000, description="How many of the newest checkpoints are kept; older ones are deleted after each save.")
     max_grad_norm: float = Field(default=1.0, ge=0, description="Clip the global gradient norm to this value before each optimizer step (miles --clip-grad); 0 turns clipping off.")
     off_policy: OffPolicySpec = Field(default_factory=OffPolicySpec, description="Importance correction for samples drawn by another policy than the one being trained.")
+
+    @property
+    def checkpoint_every(self) -> int:
+        """Steps between checkpoints, whichever spelling the manifest used (0: none)."""
+        return self.save_every_steps or self.save_every or 0
+
+    @model_validator(mode="after")
+    def _one_save_every(self) -> ReferenceTrainerSpec:
+        if self.save_every is not None and self.save_every_steps not in (0, self.save_every):
+            raise ValueError(SAVE_EVERY_SPELLINGS_MSG)
+        return self
+
+    def checkpoint_flags(self) -> list[str]:
+        """The checkpoint settings as trainer flags, for trainer pods and local mode's trainer process alike."""
+        return ["--save-every", str(self.checkpoint_every), "--keep-checkpoints", str(self.keep_checkpoints)]
 
     def loss_flags(self, temperature: float) -> list[str]:
         """The loss settings as `python -m rljob_client.trainer` flags: one table for the operator's

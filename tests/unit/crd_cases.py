@@ -123,6 +123,12 @@ INVALID = [
         "spec.trainer.reference.offPolicy.mode",
         S.STALE_NEEDS_CORRECTION_MSG,
     ),
+    Case(
+        "save-every-spellings-disagree",  # the base example sets saveEverySteps: 50
+        {"spec.trainer.reference.saveEvery": 10},
+        "spec.trainer.reference.saveEvery",
+        S.SAVE_EVERY_SPELLINGS_MSG,
+    ),
 ]
 
 # Variations near the rules that must stay valid.
@@ -145,6 +151,8 @@ VALID_EDITS = {
     "own-trainer-stale-without-correction": {
         "spec.trainer.command": ["python", "t.py"], "spec.trainer.reference.offPolicy": {"mode": "none"},
     },
+    "save-every-old-spelling": {"spec.trainer.reference.saveEverySteps": DELETE, "spec.trainer.reference.saveEvery": 20},
+    "save-every-both-spellings-agree": {"spec.trainer.reference.saveEvery": 50},
     "integer-valued-seconds": {"spec.inference.healthCheck.intervalSeconds": 10, "spec.inference.healthCheck.timeoutSeconds": 2.5},
 }
 

@@ -64,7 +64,7 @@ def trainer_command(view: JobView) -> tuple[list[str], list[str]]:
         "--steps", str(ref.steps),
         "--learning-rate", repr(ref.learning_rate),
         "--algorithm", ref.algorithm,
-        "--save-every", str(ref.save_every),
+        *ref.checkpoint_flags(),
         *ref.loss_flags(view.spec.rollout.sampling.temperature),
     ]  # fmt: skip
     return ["python", "-m", TRAINER_MODULE], args + list(t.args)
