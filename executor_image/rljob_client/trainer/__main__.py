@@ -31,10 +31,12 @@ from controller_runtime.api.spec import (
     OffPolicySpec,
     PauseMode,
     ReferenceTrainerSpec,
+    WeightUpdateSpec,
 )
 from controller_runtime.clients.factory import make_engine_client
 from rljob_client.controller_client import InferenceControllerClient, default_holder
 from rljob_client.trainer.loop import LoopConfig, StepRecord, ThreadedRolloutStream, TrainingLoop
+from rljob_client.trainer.ranks import StoreRanks
 from rljob_client.trainer.weights import DiskWeightWriter
 
 log = logging.getLogger("rljob_client.trainer")
@@ -103,6 +105,8 @@ async def train(args: argparse.Namespace) -> int:
         holder=controller.holder,
         rank=rank,
         world_size=world_size,
+        ready_timeout_seconds=float(env_ready) if (env_ready := os.environ.get("RLJOB_READY_TIMEOUT_SECONDS"))
+        else WeightUpdateSpec().ready_timeout_seconds,
     )
     writer = DiskWeightWriter(config.sync_dir, args.model, keep=config.keep_versions)
     start_step, model_dir = 0, Path(args.model)
@@ -130,6 +134,7 @@ async def train(args: argparse.Namespace) -> int:
     training = TrainingLoop(
         config, controller, ThreadedRolloutStream(stream), policy,
         lambda endpoint: make_engine_client(config.engine, endpoint), writer=writer, on_step=on_step,
+        ranks=StoreRanks.from_process_group() if world_size > 1 else None,
     )
     try:
         await training.run(stop, start_step=start_step)

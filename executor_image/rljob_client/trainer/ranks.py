@@ -141,10 +141,10 @@ class StoreRanks:
             try:
                 await asyncio.to_thread(self.store.wait, [key], datetime.timedelta(seconds=POLL_SECONDS))
                 return int(await asyncio.to_thread(self.store.get, key))
-            except Exception as exc:  # torch raises DistStoreError for both a timeout and a lost store
-                if "timeout" not in str(exc).lower():
+            except Exception as exc:  # DistStoreError: a wait that timed out; DistNetworkError: the store is gone
+                if not _is_wait_timeout(exc):
                     raise RankFailed(f"rank {self.rank}: rank 0 is gone (its store stopped answering) while "
-                                     f"waiting for the weights of step {step}: {exc}") from exc
+                                     f"waiting for the weights of step {step}: {_first_line(exc)}") from exc
                 if time.monotonic() > deadline:
                     raise RankFailed(f"rank {self.rank}: rank 0 did not make the weights of step {step} live within "
                                      f"{self.timeout_seconds:g} s (rank 0 last at: {self._phase_of(0)!r})") from exc
@@ -179,7 +179,20 @@ class StoreRanks:
             gone = ", ".join(f"rank {r} (no heartbeat for {self.heartbeat_seconds * STALE_HEARTBEATS:g} s; "
                              f"last at {self._phase_of(r)!r})" for r in dead) or "no rank stopped its heartbeat"
         return RankFailed(f"rank {self.rank}: {phase} failed because a peer rank is gone: {gone}; "
-                          f"{type(exc).__name__}: {exc}")
+                          f"{type(exc).__name__}: {_first_line(exc)}")
 
     def close(self) -> None:
         self._stop.set()
+
+
+def _is_wait_timeout(exc: BaseException) -> bool:
+    """A store wait that ran out (the key is not there yet), as opposed to a store that is gone."""
+    import torch.distributed as dist
+
+    network_error = getattr(dist, "DistNetworkError", ())
+    return not isinstance(exc, network_error) and "timeout" in str(exc).lower()
+
+
+def _first_line(exc: BaseException) -> str:
+    """torch's errors carry a C++ stack after the first line."""
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
