@@ -24,11 +24,14 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+import torch
 from aiohttp import web
 from rljob_cli.local_api import LocalControlAPI
 from rljob_cli.local_platform import LocalPlatform
 from rljob_cli.vllm_process import free_port
+from rljob_client.controller_client import LocalControllerClient
 from rljob_client.trainbatch import encode_bytes
+from rljob_client.trainer.loop import LoopConfig, TrainingLoop
 from rollout_executor.config import ExecutorConfig
 from rollout_executor.executor import RolloutExecutor
 
@@ -132,8 +135,19 @@ class Rig:
     model_dir: Path
 
 
+@pytest.fixture
+def standin_delay() -> float:
+    """Seconds each stand-in completion takes (a test that needs requests in flight raises it)."""
+    return 0.02
+
+
+@pytest.fixture
+def on_weight_update() -> str:
+    return "drain"
+
+
 @pytest_asyncio.fixture(loop_scope="function")
-async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
+async def rig(tmp_path: Path, standin_delay: float, on_weight_update: str) -> AsyncIterator[Rig]:
     model_dir = tmp_path / "model"
     model_dir.mkdir()
     (model_dir / "config.json").write_text('{"vocab_size": 1000}')
@@ -141,7 +155,7 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
     dataset.write_text("".join(json.dumps({"prompt": f"q{i}", "label": str(i)}) + "\n" for i in range(64)))
 
     def launch(request: CellRequest) -> StandInProcess:
-        return StandInProcess(tmp_path / f"{request.name}-g{request.generation}.log", delay=0.02)
+        return StandInProcess(tmp_path / f"{request.name}-g{request.generation}.log", delay=standin_delay)
 
     spec = InferenceSpec.model_validate({"replicas": 2, "gpusPerEngine": 0,
                                          "healthCheck": {"intervalSeconds": 1, "timeoutSeconds": 5}})
@@ -160,7 +174,7 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
         job=JOB, dataset_path=str(dataset), model=str(model_dir), tokenizer_path=str(model_dir),
         n_samples_per_prompt=2, batch_size=8, max_tokens=4, max_staleness=0,
         reward_function="rollout_executor.rewards:token_set_fraction", reward_args={"size": 100, "seed": 0},
-        concurrency=4, no_engine_timeout_seconds=60,
+        concurrency=4, no_engine_timeout_seconds=60, on_weight_update=on_weight_update,
     ), endpoints_provider=serving)
     await executor.start()
     shim = ExecutorShim(executor)
@@ -254,3 +268,72 @@ async def test_a_rank_that_dies_mid_step_fails_the_others_naming_it(rig: Rig, di
     assert alive.code == 3, f"rank {survivor} should fail with RankFailed, got {alive.code}:\n{alive.stderr[-3000:]}"
     assert f"rank {dead}" in alive.stderr.split("RANK FAILED:")[-1], alive.stderr[-3000:]
     assert alive.seconds < DEAD_RANK_BOUND + 30, f"took {alive.seconds:.0f} s"
+
+
+class ExecutorSource:
+    """The in-process executor as the loop's RolloutSource; keeps what each gate close answered."""
+
+    def __init__(self, executor: RolloutExecutor) -> None:
+        self.executor = executor
+        self.begins: list[dict[str, Any]] = []
+        self.old_samples_at_begin: list[int] = []
+
+    async def get(self, rollout_id: int, rank: int, world_size: int) -> Any:
+        return await self.executor.get(rollout_id, rank, world_size)
+
+    async def set_weight_version(self, version: int) -> None:
+        self.executor.set_weight_version(version)
+
+    async def begin_weight_update(self) -> dict[str, Any]:
+        answer = await self.executor.begin_weight_update()
+        self.begins.append(answer)
+        ro = self.executor.rollouts.get(0)
+        old = self.executor.versions.current
+        self.old_samples_at_begin.append(sum(1 for x in ro.samples.values() if x.weight_version == old) if ro else 0)
+        return answer
+
+    async def end_weight_update(self, version: int | None = None) -> int:
+        return await self.executor.end_weight_update(version)
+
+
+class NoPolicy:
+    """The loop only needs a model to stage; nothing trains in this test."""
+
+    def __init__(self, model_dir: Path) -> None:
+        self.model = torch.nn.Linear(2, 2)
+        self.model_dir = model_dir
+
+
+@pytest.mark.parametrize("standin_delay", [0.5])
+@pytest.mark.parametrize("on_weight_update", ["drain", "abort"])
+async def test_the_loop_drains_or_aborts_in_flight_requests_around_its_window(rig: Rig, on_weight_update: str) -> None:
+    """Issue 10 bug 5: spec.rollout.onWeightUpdate did nothing; the loop now closes the executor's gate around every window."""
+    source = ExecutorSource(rig.executor)
+    config = LoopConfig(steps=1, sync_dir=rig.tmp / "sync-gate", holder="trainer-0", ready_timeout_seconds=10.0,
+                        retry_seconds=0.2, fleet_timeout_seconds=60.0)
+    loop = TrainingLoop(config, LocalControllerClient(rig.controller, holder="trainer-0"), source,
+                        NoPolicy(rig.model_dir), _engine)  # type: ignore[arg-type]
+    await loop.sync_weights(0)  # the fleet up, every engine on v0; nothing in flight yet
+    assert source.begins[0]["in_flight"] == 0
+    rig.executor.generate(0)
+    await until(lambda: rig.executor.stats()["in_flight"] >= 2, what="requests in flight")
+    await loop.sync_weights(1)
+    window = source.begins[1]
+    assert window["mode"] == on_weight_update and window["in_flight"] >= 2
+    stats = rig.executor.stats()
+    if on_weight_update == "drain":  # the in-flight requests finished, on the old weights
+        assert stats["aborted_retries"] == 0
+        assert source.old_samples_at_begin[1] >= window["in_flight"]
+    else:  # cancelled, and retried once the gate reopened at v1
+        assert stats["aborted_retries"] == window["in_flight"]
+    batch = await rig.executor.get_batch(0)
+    assert set(batch.weight_versions.tolist()) == {1}, "maxStaleness 0: the batch is of the new weights only"
+    assert rig.controller.weight_version == "1"
+
+
+async def until(cond: Any, within: float = 30.0, what: str = "condition") -> None:
+    """Poll state another task changes, with a deadline."""
+    deadline = time.monotonic() + within
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.02)
