@@ -85,6 +85,7 @@ log = logging.getLogger(__name__)
 PAUSE_WINDOW = "window"  # the health monitor's pause reason while an update window is open
 MIN_WAIT_SECONDS = 0.05  # between passes of `run`: a pass that wants to run again at once still yields
 LOCK_POLL_SECONDS = 0.1  # how often a waiting prepare_rollout looks whether the window closed
+READY_POLL_SECONDS = 0.25  # how often a window waiting for starting cells looks again (in-memory state only)
 S = CellState
 
 
@@ -535,7 +536,7 @@ class InferenceController:
             live = [c for c in self.fleet.cells.values() if c.state is not S.Failed]
             if live and len(self.fleet.cells) >= self.spec.replicas and all(c.state in UPDATABLE for c in live):
                 return
-            await self.clock.sleep(min(2.0, max(0.0, deadline - self.clock.now())))
+            await self.clock.sleep(min(READY_POLL_SECONDS, max(0.0, deadline - self.clock.now())))
 
     def _participant_clients(self, lock: WindowLock) -> dict[str, EngineClient]:
         return {c.name: self.fleet.client(c) for c in cells_to_serve(self.fleet.cells.values(), lock.snapshot) if c.endpoint}
