@@ -44,9 +44,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from controller_runtime.api.control import PREPARE_WAIT_SECONDS
+from controller_runtime.api.control import PREPARE_WAIT_SECONDS, RecordEvalRequest
 from controller_runtime.api.spec import InferenceSpec, MemoryTag
-from controller_runtime.api.status import CellState, EngineStatus, RLJobStatus
+from controller_runtime.api.status import CellState, EngineStatus, EvalStatus, RLJobStatus
 from controller_runtime.audit import AuditLog
 from controller_runtime.cells import LOADED, UPDATABLE, Cell
 from controller_runtime.clock import Clock, RealClock, iso, sleep_or_stop
@@ -184,6 +184,7 @@ class InferenceController:
                 self.health.arm(cell.name)
         self.fleet.weight_version = status.weight_version
         self.rollout_id = status.rollout_id
+        self.eval.last = status.last_eval
         self.lock.restore(status.lock)
         if self.lock.held:
             self.health.pause(PAUSE_WINDOW)
@@ -219,6 +220,7 @@ class InferenceController:
             "totalEngines": total,
             "ready": f"{ready}/{total}",
             "restartsTotal": sum(c.restarts for c in self.fleet.all()),
+            "lastEval": self.eval.last.to_wire() if self.eval.last else None,
         }
 
     # == reconcile ==========================================================================
@@ -489,10 +491,15 @@ class InferenceController:
 
     # == the eval fleet ======================================================================
 
-    async def eval_fleet(self) -> EvalFleet:
-        """Pin the eval fleet to spec.inference.eval's checkpoint and say whether eval may run
-        (see `evalfleet.EvalCells.pin`)."""
-        return await self.eval.pin(self.spec)
+    async def eval_fleet(self, checkpoint: str | None = None, weight_version: str | None = None) -> EvalFleet:
+        """Pin the eval fleet to spec.inference.eval's checkpoint (or to an eval point's `checkpoint`)
+        and say whether eval may run (see `evalfleet.EvalCells.pin`)."""
+        return await self.eval.pin(self.spec, checkpoint, weight_version)
+
+    async def record_eval(self, point: RecordEvalRequest) -> EvalStatus:
+        """An evaluation of the policy (spec.rollout.eval) becomes status.lastEval."""
+        async with self.fleet.mutex:
+            return self.eval.record(point)
 
     # == the weight-update window ===========================================================
 

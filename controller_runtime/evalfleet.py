@@ -5,13 +5,19 @@ this module applies it to the eval cells of a `Fleet`: which cells are ready, wh
 already pinned (a reload of a large checkpoint is not free), and marking them Serving at the
 pinned version. Eval cells are created, probed and healed by the controller's reconcile like
 policy cells; they never join windows, memory operations or the policy's serving set.
+
+An eval point of the policy being trained (spec.rollout.eval) pins the same cells to the
+step's exported weights instead (miles V2 pins per eval point), and its result, recorded
+here, is status.lastEval.
 """
 
 from __future__ import annotations
 
+from controller_runtime.api.control import RecordEvalRequest
 from controller_runtime.api.spec import InferenceSpec
-from controller_runtime.api.status import CellState
+from controller_runtime.api.status import CellState, EvalStatus
 from controller_runtime.cells import UPDATABLE
+from controller_runtime.clock import iso
 from controller_runtime.evalpin import NOT_CONFIGURED, UNHEALTHY, EvalFleet, pin_eval_clients
 from controller_runtime.events import Reason
 from controller_runtime.fleet import Fleet
@@ -27,9 +33,22 @@ def eval_replicas(spec: InferenceSpec) -> int:
 class EvalCells:
     def __init__(self, fleet: Fleet) -> None:
         self.fleet = fleet
+        self.last: EvalStatus | None = None  # status.lastEval
 
-    async def pin(self, spec: InferenceSpec) -> EvalFleet:
-        """Pin the eval fleet to `spec.eval`'s checkpoint and say whether eval may run.
+    def record(self, point: RecordEvalRequest) -> EvalStatus:
+        """Keep an evaluation of the policy as status.lastEval (an older step never replaces a newer one:
+        a retried call after a newer eval point must not move the status backwards)."""
+        if self.last is not None and point.step < self.last.step:
+            return self.last
+        self.last = EvalStatus(**point.model_dump(), time=iso(self.fleet.clock.now()))
+        self.fleet.record("eval_recorded", step=point.step, reward=point.reward, pass_at_1=point.pass_at_1,
+                          weight_version=point.weight_version, fleet=point.fleet)
+        return self.last
+
+    async def pin(self, spec: InferenceSpec, checkpoint: str | None = None,
+                  weight_version: str | None = None) -> EvalFleet:
+        """Pin the eval fleet to `spec.eval`'s checkpoint (or to `checkpoint` as `weight_version`:
+        an eval point's weights) and say whether eval may run.
 
         Loads the checkpoint on eval cells not yet pinned (outside the mutex: a load can take
         minutes), verifies every eval engine reports the version, probes readiness, and marks
@@ -38,6 +57,9 @@ class EvalCells:
         pin = spec.eval
         if pin is None:
             return EvalFleet([], None, "", False, NOT_CONFIGURED, "spec.inference.eval is not set")
+        if checkpoint is not None or weight_version is not None:
+            pin = pin.model_copy(update={"checkpoint": checkpoint or pin.checkpoint,
+                                         "weight_version": weight_version or checkpoint or pin.weight_version})
         fleet = self.fleet
         async with fleet.mutex:
             cells = fleet.evals()

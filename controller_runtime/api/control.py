@@ -20,6 +20,7 @@ from controller_runtime.api.spec import MemoryTag
 from controller_runtime.api.status import EngineStatus, LockStatus
 
 API_PREFIX = "/apis/control.rljob.io/v1alpha1"
+EVAL_PIN_WAIT_SECONDS = 600.0  # an eval_fleet that re-pins loads a checkpoint on every eval engine
 PREPARE_WAIT_SECONDS = 30.0  # how long prepare_rollout waits for an open window by default
 
 
@@ -107,4 +108,23 @@ class EvalFleetResponse(ApiModel):
 class ErrorResponse(ApiModel):
     error: str
     reason: str
+class EvalFleetRequest(ApiModel):
+    """Pin the eval fleet to these weights instead of spec.inference.eval's (an eval point of the
+    policy being trained: the step's exported weights); both absent: the spec's checkpoint."""
+
+    checkpoint: str | None = Field(default=None, min_length=1, description="Weights directory every eval engine loads.")
+    weight_version: str | None = Field(default=None, min_length=1, description="Version every eval engine must then report.")
+
+
+class RecordEvalRequest(ApiModel):
+    """An evaluation of the policy, for status.lastEval (the controller adds the time)."""
+
+    step: int = Field(ge=0)
+    weight_version: str | None = None
+    reward: float
+    pass_at_1: float = Field(ge=0, le=1)
+    samples: int = Field(default=0, ge=0)
+    fleet: str = "policy"
+
+
     retry_after_seconds: float | None = None

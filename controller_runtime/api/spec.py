@@ -398,6 +398,58 @@ class RolloutSpec(ApiModel):
     image: str = Field(default="ghcr.io/rljob/rollout-executor:0.1.0", min_length=1, max_length=MAX_IMAGE, description="RolloutExecutor image.")
     resources: Resources = Field(default_factory=Resources, description="Executor container resources.")
     dataset: DatasetSpec = Field(description="Prompts to sample from.")
+EVAL_SAMPLES_NEED_TEMPERATURE_MSG = (
+    "spec.rollout.eval.samplesPerPrompt > 1 needs spec.rollout.eval.temperature > 0 "
+    "(greedy decoding gives the same answer every time)"
+)
+
+
+class PolicyEvalSpec(ApiModel):
+    """Evaluate the policy being trained every N steps: mean reward and pass@1 on an eval set.
+
+    On the eval fleet (spec.inference.eval) when there is one, re-pinned to the step's exported
+    weights for each evaluation; otherwise on the policy fleet, between the step's weight
+    update and the next rollout. Results: status.lastEval, the executor's stats, and in local
+    mode the run's summary and reward curve.
+    """
+
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": cel(
+            ("self.samplesPerPrompt == 1 || self.temperature > 0.0", EVAL_SAMPLES_NEED_TEMPERATURE_MSG, ".temperature"),
+        )
+    }
+
+    every_steps: int = Field(ge=1, le=1_000_000, description="Evaluate after every N training steps (and after the last step).")
+    dataset: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_PATH,
+        description=(
+            "JSONL or Parquet file of eval prompts, with spec.rollout.dataset's prompt and label fields (a path the "
+            "executor reads: in a pod e.g. under /data when spec.rollout.dataset.pvc is set; in local mode relative "
+            "to the manifest's directory). Default: the training dataset."
+        ),
+    )
+    max_prompts: int = Field(default=64, ge=1, le=1_000_000, description="The first N prompts of the eval set, in file order (never shuffled, so every evaluation sees the same prompts).")
+    samples_per_prompt: int = Field(default=1, ge=1, le=1024, description="Samples per eval prompt; pass@1 and the mean reward average over all of them.")
+    max_tokens: int | None = Field(default=None, ge=1, le=1_048_576, description="New tokens per eval sample; default spec.rollout.sampling.maxTokens.")
+    temperature: float = Field(default=0.0, ge=0, description="Eval sampling temperature; 0 is greedy (then samplesPerPrompt must be 1).")
+    success_threshold: float | None = Field(
+        default=None,
+        description=(
+            "A sample passes (counts for pass@1) when its reward is at least this. Default: the reward's own "
+            "threshold: 1.0 for exact_match, regex_match and math_answer (a correct answer) and for custom rewards, "
+            "0.5 for token_set_fraction (at least half of the response's tokens in the set)."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _samples_need_temperature(self) -> PolicyEvalSpec:
+        if self.samples_per_prompt > 1 and self.temperature <= 0:
+            raise ValueError(EVAL_SAMPLES_NEED_TEMPERATURE_MSG)
+        return self
+
+
     sampling: SamplingSpec = Field(default_factory=SamplingSpec, description="Samples per prompt, length and temperature.")
     reward: RewardSpec = Field(default_factory=RewardSpec, description="Reward function.")
     batch_size: int = Field(default=8, ge=1, le=65536, description="Prompts per rollout (samples per rollout = batchSize x nSamplesPerPrompt).")
@@ -411,6 +463,7 @@ class OffPolicyMode(StrEnum):
     """How the reference trainer weighs a token sampled by the engine's policy (the behaviour policy).
 
     Both corrections use the engine's sampling logprob of each token as the behaviour policy
+    eval: PolicyEvalSpec | None = Field(default=None, description="Evaluate the policy every N steps (pass@1 and mean reward on an eval set).")
     (the trainer keeps no copy of older weights). A combined mode is not offered: with one
     optimizer step per rollout and no old-actor copy, miles' PPO clip with TIS reduces to
     one of the two (its TIS weight is 1 when the clip uses the rollout logprobs, its clip

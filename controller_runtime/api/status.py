@@ -83,6 +83,18 @@ class LockStatus(ApiModel):
     weights_checksums: dict[str, dict[str, str]] | None = Field(default=None, description="cell name -> parameter -> checksum before the update (spec.inference.weightUpdate.checkWeights).")
 
 
+class EvalStatus(ApiModel):
+    """The last evaluation of the policy (spec.rollout.eval), as the executor measured it."""
+
+    step: int = Field(ge=0, description="Training steps done when the policy was evaluated.")
+    weight_version: str | None = Field(default=None, description="Weight version the eval samples were generated under.")
+    reward: float = Field(description="Mean reward over the eval samples.")
+    pass_at_1: float = Field(ge=0, le=1, description="Fraction of eval samples whose reward reached the success threshold (spec.rollout.eval.successThreshold).")
+    samples: int = Field(default=0, ge=0, description="Eval samples scored (prompts x samplesPerPrompt).")
+    fleet: str = Field(default="policy", description="Where the samples came from: policy (the training fleet) or eval (the eval fleet, re-pinned to the step's weights).")
+    time: str | None = Field(default=None, description="When the controller recorded it (RFC 3339).")
+
+
 class RLJobStatus(ApiModel):
     """What the operator observed and did; written by the operator alone."""
 
@@ -95,6 +107,7 @@ class RLJobStatus(ApiModel):
     weight_version: str | None = Field(default=None, description="Weight version the serving engines hold.")
     rollout_id: int | None = Field(default=None, description="Last rollout handed to the trainers.")
     lock: LockStatus | None = Field(default=None, description="The open weight-update window, if any.")
+    last_eval: EvalStatus | None = Field(default=None, description="The last evaluation of the policy (spec.rollout.eval): step, mean reward, pass@1.")
     ready_engines: int = Field(default=0, description="Cells Serving.")
     total_engines: int = Field(default=0, description="Cells desired.")
     ready: str = Field(default="0/0", description="ready/total engine cells, for the printer column.")

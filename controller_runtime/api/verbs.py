@@ -24,15 +24,17 @@ from controller_runtime.api.control import (
     CellsResponse,
     EndUpdateRequest,
     EngineEndpoint,
+    EvalFleetRequest,
     EvalFleetResponse,
     MemoryChangeResponse,
     PrepareRolloutRequest,
+    RecordEvalRequest,
     StartUpdateRequest,
     TagsRequest,
     UpdateWindowResponse,
 )
 from controller_runtime.api.spec import MemoryTag
-from controller_runtime.api.status import EngineStatus
+from controller_runtime.api.status import EngineStatus, EvalStatus
 from controller_runtime.api.wire_errors import (
     ControllerBadRequest,
     ControllerMethodNotAllowed,
@@ -142,11 +144,18 @@ async def _cells(c: Any, _req: None) -> CellsResponse:
     return cells_response(c)
 
 
-async def _eval_fleet(c: Any, _req: None) -> EvalFleetResponse:
+async def _eval_fleet(c: Any, req: EvalFleetRequest | None) -> EvalFleetResponse:
     fn = getattr(c, "eval_fleet", None)
     if fn is None:
         return EvalFleetResponse(ok=False, skip_reason="not_configured")
-    return eval_response(await fn())
+    if req is None or (req.checkpoint is None and req.weight_version is None):
+        return eval_response(await fn())  # the spec's checkpoint (a stand-in without arguments still answers)
+    return eval_response(await fn(checkpoint=req.checkpoint, weight_version=req.weight_version))
+
+
+async def _record_eval(c: Any, req: RecordEvalRequest) -> EvalStatus:
+    recorded: EvalStatus = await c.record_eval(req)
+    return recorded
 
 
 @dataclass(frozen=True)
@@ -179,7 +188,8 @@ VERBS: dict[str, Verb] = {
         Verb("end_update_weights", ("POST",), EndUpdateRequest, CellsResponse, _end_update_weights, True),
         Verb("abort_update_weights", ("POST",), AbortUpdateRequest, AbortUpdateResponse, _abort_update_weights, True),
         Verb("cells", ("GET",), None, CellsResponse, _cells, False),
-        Verb("eval_fleet", ("POST", "GET"), None, EvalFleetResponse, _eval_fleet, False),
+        Verb("eval_fleet", ("POST", "GET"), EvalFleetRequest, EvalFleetResponse, _eval_fleet, False),
+        Verb("record_eval", ("POST",), RecordEvalRequest, EvalStatus, _record_eval, True),
     )
 }
 

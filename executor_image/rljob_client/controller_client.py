@@ -34,6 +34,7 @@ from pydantic import BaseModel, ValidationError
 
 from controller_runtime.api.base import ApiModel
 from controller_runtime.api.control import (
+    EVAL_PIN_WAIT_SECONDS,
     PREPARE_WAIT_SECONDS,
     AbortUpdateRequest,
     AbortUpdateResponse,
@@ -41,16 +42,18 @@ from controller_runtime.api.control import (
     EndUpdateRequest,
     EngineEndpoint,
     ErrorResponse,
+    EvalFleetRequest,
     EvalFleetResponse,
     MemoryChangeResponse,
     PrepareRolloutRequest,
+    RecordEvalRequest,
     StartUpdateRequest,
     TagsRequest,
     UpdateWindowResponse,
     job_path,
 )
 from controller_runtime.api.spec import MemoryTag
-from controller_runtime.api.status import LockStatus
+from controller_runtime.api.status import EvalStatus, LockStatus
 from controller_runtime.api.verbs import VERBS, cells_response, eval_response, window_response
 from controller_runtime.api.wire_errors import (
     BAD_RESPONSE,
@@ -172,7 +175,9 @@ class ControllerClient(Protocol):
 
     async def cells(self) -> CellsResponse: ...
 
-    async def eval_fleet(self) -> EvalFleetResponse: ...
+    async def eval_fleet(self, checkpoint: str | None = None, weight_version: str | None = None) -> EvalFleetResponse: ...
+
+    async def record_eval(self, point: RecordEvalRequest) -> EvalStatus: ...
 
     async def start_update_weights(self, holder: str, ready_timeout: float | None = None) -> UpdateWindowResponse: ...
 
@@ -231,8 +236,16 @@ class _VerbClient:
     async def cells(self) -> CellsResponse:
         return await self._answer("cells", None, CellsResponse)
 
-    async def eval_fleet(self) -> EvalFleetResponse:
-        return await self._answer("eval_fleet", None, EvalFleetResponse)
+    async def eval_fleet(self, checkpoint: str | None = None, weight_version: str | None = None) -> EvalFleetResponse:
+        """Pinned to `checkpoint` as `weight_version` when given (an eval point), else to the spec's."""
+        if checkpoint is None and weight_version is None:
+            return await self._answer("eval_fleet", None, EvalFleetResponse)
+        request = EvalFleetRequest(checkpoint=checkpoint, weight_version=weight_version)
+        return await self._answer("eval_fleet", request, EvalFleetResponse, waits=EVAL_PIN_WAIT_SECONDS)
+
+    async def record_eval(self, point: RecordEvalRequest) -> EvalStatus:
+        """status.lastEval; the controller stamps the time."""
+        return await self._answer("record_eval", point, EvalStatus)
 
     async def start_update_weights(self, holder: str, ready_timeout: float | None = None) -> UpdateWindowResponse:
         """With `ready_timeout`, the controller first waits up to that long for cells that are starting."""

@@ -222,14 +222,31 @@ class RolloutStream:
     def end_weight_update(self, version: int | str | None = None) -> int:
         return ray.get(self.actor.end_weight_update.remote(version), timeout=self._connect_timeout_s)
 
-    def eval(self, rollout_id: int) -> dict[str, Any]:
-        return ray.get(self.actor.eval.remote(rollout_id), timeout=self.timeout_s)
+    def eval(self, rollout_id: int, weight_version: int | str | None = None, checkpoint: str | None = None) -> dict[str, Any]:
+        """Evaluate at eval point `rollout_id` (with spec.rollout.eval: the policy after that many steps,
+        on the eval fleet re-pinned to `checkpoint` if the job has one, else on the policy fleet);
+        the executor records status.lastEval. Keys: skipped, reason, mean_reward, pass_at_1, n, ..."""
+        version = None if weight_version is None else str(weight_version)
+        return ray.get(self.actor.eval.remote(rollout_id, version, checkpoint), timeout=self.timeout_s)
+
+    @property
+    def eval_every_steps(self) -> int:
+        """spec.rollout.eval.everySteps as the executor has it (0: no evaluation of the policy)."""
+        return int(self.connect()._info.get("eval_every_steps") or 0)
 
     def save(self, rollout_id: int) -> str:
         return ray.get(self.actor.save.remote(rollout_id), timeout=self._connect_timeout_s)
 
     def load(self) -> int | None:
         return ray.get(self.actor.load.remote(), timeout=self._connect_timeout_s)
+
+    def checkpoint(self, rollout_id: int) -> dict[str, Any]:
+        """The executor's state after `rollout_id` (dataset position, pending rollouts), for a trainer checkpoint."""
+        return ray.get(self.actor.checkpoint.remote(rollout_id), timeout=self._connect_timeout_s)
+
+    def restore(self, state: dict[str, Any]) -> int:
+        """Put the executor back to a trainer checkpoint's `checkpoint()` state; returns its rollout id."""
+        return ray.get(self.actor.restore.remote(state), timeout=self._connect_timeout_s)
 
     def stats(self) -> dict[str, Any]:
         return ray.get(self.actor.stats.remote(), timeout=self._connect_timeout_s)

@@ -14,8 +14,11 @@ not block `set_weight_version` or the weight-update hooks):
     set_weight_version(v) -> int            going backwards raises
     begin_weight_update() -> dict           drain or abort in-flight requests
     end_weight_update(version) -> int       continue on the new weights
-    eval(rollout_id) -> dict                on the pinned eval fleet, or skipped with a reason
+    eval(rollout_id, weight_version, checkpoint) -> dict
+                                            evaluate (spec.rollout.eval: the policy at that step), see evaluation.py
     save(rollout_id) -> str / load() -> int | None
+    checkpoint(rollout_id) -> dict          the state after a rollout, for a trainer checkpoint
+    restore(state) -> int                   back to a trainer checkpoint's state (version may go down)
     stats() -> dict
     set_endpoints(urls) -> None             replace a static engine list (local mode, tests)
 """
@@ -33,7 +36,7 @@ from rljob_client.trainbatch import ShardRef, TrainBatch
 from controller_runtime.api.control import EvalFleetResponse
 from rollout_executor.config import ACTOR_NAMESPACE, EngineSource, ExecutorConfig, actor_name
 from rollout_executor.datachannel import DataChannel
-from rollout_executor.evaluation import EvalFleetProvider
+from rollout_executor.evaluation import EvalFleetProvider, EvalRecorder
 from rollout_executor.executor import RolloutExecutor
 from rollout_executor.generation import EndpointsProvider
 
@@ -51,8 +54,11 @@ class _MutableEndpoints:
         return list(self.urls)
 
 
-def _providers(source: EngineSource, job: str) -> tuple[EndpointsProvider, EvalFleetProvider | None, _MutableEndpoints | None]:
-    """Engine discovery and the eval-fleet provider for an EngineSource (built inside the actor)."""
+def _providers(
+    source: EngineSource, job: str
+) -> tuple[EndpointsProvider, EvalFleetProvider | None, EvalRecorder | None, _MutableEndpoints | None]:
+    """Engine discovery, the eval-fleet provider and the status.lastEval recorder for an
+    EngineSource (built inside the actor); without a controller there is nowhere to record."""
     if source.controller_url:
         from rljob_client.controller_client import InferenceControllerClient
 
@@ -62,21 +68,25 @@ def _providers(source: EngineSource, job: str) -> tuple[EndpointsProvider, EvalF
         async def from_controller() -> list[str]:
             return list((await client.cells()).serving_endpoints)
 
-        async def eval_fleet() -> EvalFleetResponse:
-            return await client.eval_fleet()
+        async def eval_fleet(checkpoint: str | None = None, weight_version: str | None = None) -> EvalFleetResponse:
+            return await client.eval_fleet(checkpoint, weight_version)
 
-        return from_controller, eval_fleet, None
+        async def record_eval(point: RecordEvalRequest) -> None:
+            await client.record_eval(point)
+
+        return from_controller, eval_fleet, record_eval, None
     url = source.router_url or source.engines_url
     fixed = _MutableEndpoints([url] if url else list(source.endpoints))
-    return fixed, None, fixed
+    return fixed, None, None, fixed
 
 
 class ExecutorActor:
     def __init__(self, config: ExecutorConfig) -> None:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         self.config = config
-        provider, eval_provider, self._static = _providers(config.engines, config.job)
-        self.executor = RolloutExecutor(config, endpoints_provider=provider, eval_fleet_provider=eval_provider)
+        provider, eval_provider, recorder, self._static = _providers(config.engines, config.job)
+        self.executor = RolloutExecutor(config, endpoints_provider=provider, eval_fleet_provider=eval_provider,
+                                        eval_recorder=recorder)
         self._token = secrets.token_urlsafe(32)
         self._channel: DataChannel | None = None
         self._shards: dict[tuple[int, int, int], ShardRef] = {}
@@ -93,7 +103,8 @@ class ExecutorActor:
                 if host in ("0.0.0.0", "::", ""):
                     host = ray.util.get_node_ip_address()
                 self._data_url = f"http://{host}:{port}"
-        return {"job": self.config.job, "data_url": self._data_url, "token": self._token, "weight_version": self.executor.versions.current}
+        return {"job": self.config.job, "data_url": self._data_url, "token": self._token, "weight_version": self.executor.versions.current,
+                "eval_every_steps": self.config.eval_every_steps}
 
     async def _shard_ref(self, rollout_id: int, rank: int, world_size: int) -> ShardRef:
         key = (int(rollout_id), int(rank), int(world_size))
@@ -131,9 +142,9 @@ class ExecutorActor:
         await self.ready()
         return await self.executor.end_weight_update(version)
 
-    async def eval(self, rollout_id: int) -> dict[str, Any]:
+    async def eval(self, rollout_id: int, weight_version: str | None = None, checkpoint: str | None = None) -> dict[str, Any]:
         await self.ready()
-        return await self.executor.eval(int(rollout_id))
+        return await self.executor.eval(int(rollout_id), weight_version, checkpoint)
 
     async def save(self, rollout_id: int) -> str:
         return self.executor.save(int(rollout_id))
@@ -141,6 +152,13 @@ class ExecutorActor:
     async def load(self) -> int | None:
         self._shards.clear()
         return self.executor.load()
+
+    async def checkpoint(self, rollout_id: int) -> dict[str, Any]:
+        return self.executor.checkpoint(int(rollout_id))
+
+    async def restore(self, state: dict[str, Any]) -> int:
+        self._shards.clear()
+        return self.executor.restore(state)
 
     async def stats(self) -> dict[str, Any]:
         out = self.executor.stats()

@@ -138,8 +138,17 @@ class PromptDataset:
 
     def take(self, count: int) -> list[Prompt]:
         """The next `count` prompts, crossing into the next epoch (reshuffled) when one ends."""
+        out, self._pos = self.read(self._pos, count)
+        return out
+
+    def read(self, start: Position, count: int) -> tuple[list[Prompt], Position]:
+        """The `count` prompts from `start` and the position after them; the reading position stays.
+
+        A restored rollout gets its prompts again this way: the order is a pure function of
+        (seed, epoch), so a position and a count name the same prompts forever.
+        """
         out: list[Prompt] = []
-        epoch, offset = self._pos.epoch, self._pos.offset
+        epoch, offset = start.epoch, start.offset
         while len(out) < count:
             if offset >= len(self._records):
                 epoch, offset = epoch + 1, 0
@@ -147,8 +156,7 @@ class PromptDataset:
             take = min(count - len(out), len(order) - offset)
             out.extend(self.prompt(int(i)) for i in order[offset : offset + take])
             offset += take
-        self._pos = Position(epoch, offset)
-        return out
+        return out, Position(epoch, offset)
 
     def head(self, count: int) -> list[Prompt]:
         """The first `count` rows in file order (an eval set that never moves)."""

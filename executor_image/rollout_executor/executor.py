@@ -22,7 +22,15 @@ from rljob_client.trainbatch import TrainBatch
 from rollout_executor.batching import build_batch, check_groups_complete
 from rollout_executor.config import ExecutorConfig
 from rollout_executor.dataset import Position, Prompt, PromptDataset
-from rollout_executor.evaluation import EvalFleetProvider, run_eval
+from rollout_executor.evaluation import (
+    EvalFleetProvider,
+    EvalRecorder,
+    EvalTask,
+    eval_on_policy_fleet,
+    eval_point,
+    record_request,
+    run_eval,
+)
 from rollout_executor.generation import (
     EndpointsProvider,
     EnginePool,
@@ -31,10 +39,10 @@ from rollout_executor.generation import (
     WeightGate,
     static_endpoints,
 )
-from rollout_executor.rewards import load_reward, score
+from rollout_executor.rewards import load_reward, score, success_threshold
 from rollout_executor.samples import Sample, SampleKey, VocabInfo
 from rollout_executor.staleness import VersionTracker, parse_version
-from rollout_executor.state import ExecutorState, load_state, save_state
+from rollout_executor.state import ExecutorState, PendingRollout, load_state, save_state
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +82,8 @@ class RolloutExecutor:
         self._provider = endpoints_provider
         self._eval_provider = eval_fleet_provider
         self.dataset = dataset or PromptDataset.from_path(
+        self._eval_recorder = eval_recorder  # status.lastEval (the controller API's record_eval)
+        self.evals: list[dict[str, Any]] = []  # the policy's eval points, without per-sample rewards
             config.dataset_path,
             config.dataset_format,
             prompt_field=config.prompt_field,
@@ -281,36 +291,89 @@ class RolloutExecutor:
 
     # ---- eval, state, stats ------------------------------------------------------------
 
-    async def eval(self, rollout_id: int) -> dict[str, Any]:
-        assert self._session is not None
-        return await run_eval(
-            rollout_id=int(rollout_id),
-            fleet_provider=self._eval_provider,
-            prompts=self.eval_dataset.head(self.config.eval_prompts),
-            session=self._session,
+    def _eval_task(self) -> EvalTask:
+        c = self.config
+        return EvalTask(
+            prompts=self.eval_dataset.head(c.eval_prompts),
+            sampling=SamplingParams(max_tokens=c.eval_max_tokens or c.max_tokens, temperature=c.eval_temperature,
+                                    top_p=c.top_p if c.eval_temperature > 0 else 1.0),
+            samples_per_prompt=c.eval_samples_per_prompt,
+            threshold=success_threshold(self.reward_name, c.eval_success_threshold),
             reward_fn=self.reward_fn,
             reward_name=self.reward_name,
-            reward_args=self.config.reward_args,
+            reward_args=c.reward_args,
             vocab=self.vocab,
-            max_tokens=self.config.eval_max_tokens or self.config.max_tokens,
-            model=self.config.model,
-            concurrency=self.config.concurrency,
         )
+
+    def state_after(self, rollout_id: int) -> ExecutorState:
+    async def eval(self, rollout_id: int, weight_version: str | None = None,
+                   checkpoint: str | None = None) -> dict[str, Any]:
+        """Evaluate; `rollout_id` is the eval point (training steps done).
+
+        Without spec.rollout.eval: on the eval fleet pinned to spec.inference.eval's checkpoint.
+        With it (the policy being trained): on the eval fleet re-pinned to `checkpoint` (the
+        step's exported weights) when both exist, else on the policy fleet; the result is kept
+        for stats and recorded as status.lastEval.
+        """
+        assert self._session is not None
+        rid, task, c = int(rollout_id), self._eval_task(), self.config
+        if not c.eval_every_steps:
+            return await run_eval(rid, self._eval_provider, task, self._session, c.model, c.concurrency)
+        out: dict[str, Any] | None = None
+        if checkpoint is not None and self._eval_provider is not None:
+            out = await run_eval(rid, self._eval_provider, task, self._session, c.model, c.concurrency,
+                                 checkpoint=checkpoint, weight_version=weight_version)
+            if out["skipped"] and out["reason"] == "not_configured":
+                out = None  # no eval fleet: the policy fleet serves the eval
+        if out is None:
+            out = await eval_on_policy_fleet(rid, self.generator, task)
+        point = eval_point(out)
+        self.evals.append(point)
+        if self._eval_recorder is not None and not out["skipped"]:
+            try:
+                await self._eval_recorder(record_request(out))
+                out["recorded"] = True
+            except Exception as e:  # the eval stands; only status.lastEval misses it
+                log.warning("eval point %d: recording status.lastEval failed: %s", rid, e)
+                out["recorded"] = False
+        log.info("eval point %d: %s", rid, point)
+        return out
+
+        """The position after `rollout_id`'s prompts, and the rollouts already taken beyond it."""
+        ro = self.rollouts.get(int(rollout_id))
+        pos = ro.end if ro is not None else self.dataset.position
+        pending = tuple(PendingRollout(r.rollout_id, r.start.epoch, r.start.offset, len(r.prompts))
+                        for i, r in sorted(self.rollouts.items()) if i > int(rollout_id))
+        return ExecutorState(rollout_id=int(rollout_id), dataset_epoch=pos.epoch, dataset_offset=pos.offset,
+                             weight_version=self.versions.current, job=self.config.job, pending=pending)
 
     def save(self, rollout_id: int) -> str:
         """Persist the position after `rollout_id`'s prompts; later rollouts are redone after a restart."""
         if not self.config.state_dir:
             raise ValueError("no state directory configured (--state-dir)")
-        ro = self.rollouts.get(int(rollout_id))
-        pos = ro.end if ro is not None else self.dataset.position
-        state = ExecutorState(
-            rollout_id=int(rollout_id),
-            dataset_epoch=pos.epoch,
-            dataset_offset=pos.offset,
-            weight_version=self.versions.current,
-            job=self.config.job,
-        )
-        return str(save_state(self.config.state_dir, state))
+        return str(save_state(self.config.state_dir, self.state_after(rollout_id)))
+
+    def checkpoint(self, rollout_id: int) -> dict[str, Any]:
+        """The state after `rollout_id` as data for a trainer checkpoint (also saved here when there is a state dir)."""
+        state = self.state_after(rollout_id)
+        if self.config.state_dir:
+            save_state(self.config.state_dir, state)
+        return state.to_dict()
+
+    def restore(self, data: dict[str, Any]) -> int:
+        """Go back to a trainer checkpoint's state: the trainer resumed from it, so whatever came after is void.
+
+        Rollouts past it are dropped (their samples came from weights the trainer no longer
+        has), pending ones get their prompts back, the version is the checkpoint's even when
+        that is lower, and a gate the dead trainer left closed reopens.
+        """
+        state = ExecutorState.from_dict(data)
+        self._rewind(state, parse_version(state.weight_version))
+        if self._gate is not None and not self._gate.is_open:
+            self._gate.open(self.versions.current)
+        if self.config.state_dir:
+            save_state(self.config.state_dir, state)
+        return state.rollout_id
 
     def load(self) -> int | None:
         """Resume from the newest saved state; returns its rollout id (None: nothing saved)."""
@@ -319,15 +382,27 @@ class RolloutExecutor:
         state = load_state(self.config.state_dir)
         if state is None:
             return None
+        self._rewind(state, max(self.versions.current, parse_version(state.weight_version)))
+        return state.rollout_id
+
+    def _rewind(self, state: ExecutorState, version: int) -> None:
         for ro in self.rollouts.values():
             if ro.task is not None:
                 ro.task.cancel()
         self.rollouts.clear()
-        self.dataset.seek(Position(state.dataset_epoch, state.dataset_offset))
-        self.versions.current = max(self.versions.current, parse_version(state.weight_version))
+        position = Position(state.dataset_epoch, state.dataset_offset)
+        self.dataset.seek(position)
+        for p in sorted(state.pending, key=lambda p: p.rollout_id):
+            start = Position(p.epoch, p.offset)
+            prompts, end = self.dataset.read(start, p.count)
+            self.rollouts[p.rollout_id] = Rollout(p.rollout_id, prompts, start, end)
+            position = end
+        self.dataset.seek(position)
+        log.info("rewound to after rollout %d (dataset %s, %d pending rollouts, version %d)",
+                 state.rollout_id, position.to_dict(), len(state.pending), version)
+        self.versions.current = version
         if self._gate is not None:
-            self._gate.version = self.versions.current
-        return state.rollout_id
+            self._gate.version = version
 
     def stats(self) -> dict[str, Any]:
         g = self._generator
@@ -345,6 +420,8 @@ class RolloutExecutor:
             "updating_weights": bool(self._gate and not self._gate.is_open),
             "dataset_position": self.dataset.position.to_dict(),
             "rollouts": {
+            "evals": list(self.evals),
+            "last_eval": self.evals[-1] if self.evals else None,
                 r: {"samples": len(x.samples), "done": x.batch is not None, "regenerations": x.regenerations}
                 for r, x in self.rollouts.items()
             },

@@ -59,6 +59,9 @@ EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_INTERRUPTED = 0, 1, 2, 130
 WATCH_SECONDS = 2.0  # how often the watchdog looks at the executor and the engine cells
 
 
+TRAINER_RESTARTS = 3  # a trainer process killed by SIGKILL is started again this often (--trainer-process)
+
+
 class RunFailed(Exception):
     """The run could not continue (an engine that never came up, the executor died, ...)."""
 
@@ -275,11 +278,16 @@ class LocalRun:
         """The pod's trainer as a child: HTTP controller client, Ray Client to the executor.
 
         Steps come back through its metrics file (one JSON line each) for the progress display
-        and the summary. On a stop it gets SIGTERM and ends after the step in progress.
+        and the summary. On a stop it gets SIGTERM and ends after the step in progress. Killed
+        (SIGKILL, as the OOM killer or an evicted pod's would be), it is started again, up to
+        TRAINER_RESTARTS times, and resumes from its last checkpoint; the steps it redoes
+        replace their first attempt in the summary.
         """
         ref = self.spec.trainer.reference
         metrics = self.out / "trainer-steps.jsonl"
         metrics.unlink(missing_ok=True)
+        batches = self.out / "trainer-batches.jsonl"
+        batches.unlink(missing_ok=True)
         env = dict(os.environ, RLJOB_CONTROLLER_URL=api.url, RLJOB_NAME=self.job, RLJOB_NAMESPACE=LOCAL_NAMESPACE,
                    RLJOB_CONTROLLER_TOKEN_FILE=str(api.token_file), RLJOB_ROLLOUT_ADDRESS=ready["client_address"],
                    RANK="0", WORLD_SIZE="1", POD_NAME="trainer-0", RLJOB_WEIGHT_UPDATE_METHOD="disk")
@@ -288,31 +296,41 @@ class LocalRun:
                 "--algorithm", ref.algorithm, "--weights-dir", str(self.out / "weights"),
                 "--engine", str(self.spec.inference.engine),
                 "--pause-mode", str(self.spec.inference.weight_update.pause_mode), "--metrics-file", str(metrics),
+                "--batches-file", str(batches), *ref.checkpoint_flags(),
                 *ref.loss_flags(self.spec.rollout.sampling.temperature)]
         log_path = self.logs / "trainer.log"
-        proc = start_logged(argv, log_path, env)
-        self.children.note("trainer", proc.pid)
-        self.progress.status("trainer process started (python -m rljob_client.trainer)")
-        seen = 0
-        try:
-            while True:
-                lines = metrics.read_text().splitlines() if metrics.exists() else []
-                for line in lines[seen:]:
-                    self._on_step(StepRecord(**json.loads(line)))
-                seen = len(lines)
-                if proc.poll() is not None:
-                    break
-                await asyncio.sleep(0.5)
+        seen, restarts = 0, 0
+        while True:
+            proc = start_logged(argv, log_path, env)
+            self.children.note("trainer", proc.pid)
+            self.progress.status("trainer process started (python -m rljob_client.trainer)")
+            try:
+                while True:
+                    lines = metrics.read_text().splitlines() if metrics.exists() else []
+                    for line in lines[seen:]:
+                        record = StepRecord(**json.loads(line))
+                        self.records = [r for r in self.records if r.step < record.step]  # redone after a resume
+                        self._on_step(record)
+                    seen = len(lines)
+                    if proc.poll() is not None:
+                        break
+                    await asyncio.sleep(0.5)
+            finally:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        await asyncio.to_thread(proc.wait, 60)
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+            if proc.returncode == -signal.SIGKILL and restarts < TRAINER_RESTARTS and not self.stop.is_set():
+                restarts += 1
+                self.progress.write(f"the trainer was killed (SIGKILL); starting it again ({restarts}/{TRAINER_RESTARTS}), "
+                                    "it resumes from its last checkpoint")
+                continue
             if proc.returncode != 0:
                 tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-25:])
                 raise RunFailed(f"the trainer exited with code {proc.returncode} (log: {log_path}):\n{tail}")
-        finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    await asyncio.to_thread(proc.wait, 60)
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
+            return
 
     async def _first_sync_timed(self, training: TrainingLoop) -> None:
         self.progress.status("waiting for the engine to serve (vLLM CPU start takes a minute or two)")

@@ -171,7 +171,7 @@ def test_resume_requested_without_a_checkpoint_is_refused(tmp_path: Path) -> Non
 
 def test_a_non_empty_dir_without_a_usable_checkpoint_is_refused(tmp_path: Path) -> None:
     (tmp_path / "weights.bin").write_bytes(b"x")
-    with pytest.raises(CheckpointError, match="holds 'weights.bin', which is not a checkpoint"):
+    with pytest.raises(CheckpointError, match=r"holds 'weights\.bin', which is not a checkpoint"):
         CheckpointStore(tmp_path).resume_point()
     (tmp_path / "weights.bin").unlink()
     (tmp_path / "step-3").mkdir()  # a checkpoint directory without its manifest
@@ -184,5 +184,27 @@ def test_the_newest_checkpoint_broken_is_refused_not_skipped(tmp_path: Path) -> 
     store = CheckpointStore(tmp_path, keep=3)
     store.save(snapshot(model, opt, 2))
     (store.save(snapshot(model, opt, 4)) / C.OPTIMIZER_FILE).unlink()
-    with pytest.raises(CheckpointError, match="step-4/optimizer.pt is missing"):
+    with pytest.raises(CheckpointError, match=r"step-4/optimizer\.pt is missing"):
         store.resume_point()
+
+
+@pytest.mark.parametrize("case", ["corrupt", "resume-without-checkpoint"])
+def test_the_trainer_refuses_to_start_over_a_bad_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            caplog: pytest.LogCaptureFixture, case: str) -> None:
+    """`python -m rljob_client.trainer` exits 2 naming the file before it loads a model or trains a step."""
+    from rljob_client.trainer import __main__ as trainer_main
+
+    monkeypatch.setenv("RLJOB_CONTROLLER_URL", "http://127.0.0.1:9")  # never called: the refusal comes first
+    monkeypatch.setenv("RLJOB_NAME", "job")
+    ckpt_dir = tmp_path / "weights" / "job" / "checkpoints"
+    argv = ["--model", str(tmp_path / "no-model"), "--weights-dir", str(tmp_path / "weights"), "--save-every", "2"]
+    if case == "corrupt":
+        model, opt = trained()
+        bad = CheckpointStore(ckpt_dir).save(snapshot(model, opt, 2)) / C.RNG_FILE
+        bad.write_text("{}")
+        expected = f"{bad} is corrupt"
+    else:
+        argv.append("--resume")
+        expected = f"resume requested but checkpoint directory {ckpt_dir} holds no checkpoint"
+    assert trainer_main.main(argv) == trainer_main.EXIT_BAD_CHECKPOINT
+    assert expected in caplog.text

@@ -1,6 +1,7 @@
 """The reference trainer as a pod's process: `python -m rljob_client.trainer`.
 
-The operator starts it with `--model --steps --learning-rate --algorithm --save-every`, the
+The operator starts it with `--model --steps --learning-rate --algorithm`, the checkpoint settings
+`--save-every --keep-checkpoints` (spec.trainer.reference.saveEverySteps, keepCheckpoints), the
 loss settings `--temperature` (spec.rollout.sampling.temperature: the gradient must be for the
 policy the engines sample from), `--max-grad-norm` and `--off-policy-mode --clip-eps-low
 --clip-eps-high --tis-cap` (spec.trainer.reference; the defaults are the spec's), and the
@@ -8,9 +9,15 @@ environment of a trainer pod: RLJOB_CONTROLLER_URL, RLJOB_NAME, RLJOB_NAMESPACE,
 RLJOB_ROLLOUT_ADDRESS (Ray Client address of the executor), RLJOB_WEIGHTS_DIR (shared
 storage for `disk` weight sync), RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT; optionally
 RLJOB_CONTROLLER_TOKEN_FILE (else the pod's ServiceAccount token). Ranks average
-gradients over gloo; rank 0 writes weights and drives the update window. A restarted trainer
-resumes from the controller's weight version if the weights dir still holds it (the
-optimizer state starts afresh).
+gradients over gloo; rank 0 writes weights and drives the update window.
+
+A (re)started trainer resumes from the newest checkpoint in `--checkpoint-dir` (default
+`<weights-dir>/<job>/checkpoints`): weights in full precision, optimizer, RNG states, and the
+executor put back to its dataset position after the checkpoint's step (trainer/resume.py).
+No checkpoint there: a first start, unless `--resume` says there must be one; a checkpoint
+dir that holds anything unreadable is refused (exit code 2, naming the file). Without
+checkpoints (`--save-every 0`) a restart resumes from the controller's weight version if the
+weights dir still holds it (bf16 weights, the optimizer state starts afresh).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from controller_runtime.api.spec import (
     Engine,
@@ -35,11 +43,34 @@ from controller_runtime.api.spec import (
 )
 from controller_runtime.clients.factory import make_engine_client
 from rljob_client.controller_client import InferenceControllerClient, default_holder
+from rljob_client.trainer.checkpoint import CheckpointError, CheckpointStore
 from rljob_client.trainer.loop import LoopConfig, StepRecord, ThreadedRolloutStream, TrainingLoop
 from rljob_client.trainer.ranks import StoreRanks
 from rljob_client.trainer.weights import DiskWeightWriter
 
+if TYPE_CHECKING:  # the executor's batch type; imported for annotations only
+    from rljob_client.trainbatch import TrainBatch
+
 log = logging.getLogger("rljob_client.trainer")
+
+EXIT_BAD_CHECKPOINT = 2
+
+
+class BatchLog(ThreadedRolloutStream):
+    """The executor, with one JSON line per batch received: what each step trained on, to audit a resumed run."""
+
+    def __init__(self, stream: Any, path: Path, rank: int) -> None:
+        super().__init__(stream)
+        self.path = path
+        self.rank = rank
+
+    async def get(self, rollout_id: int, rank: int, world_size: int) -> TrainBatch:
+        batch = await super().get(rollout_id, rank, world_size)
+        line = {"step": rollout_id, "rank": self.rank, "prompts": sorted({int(i) for i in batch.prompt_indices}),
+                "weight_versions": sorted({int(v) for v in batch.weight_versions})}
+        with self.path.open("a") as f:
+            f.write(json.dumps(line) + "\n")
+        return batch
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -49,7 +80,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--learning-rate", type=float, default=1e-3)
     p.add_argument("--algorithm", choices=["grpo", "reinforce"], default="grpo")
-    p.add_argument("--save-every", type=int, default=0, help="accepted for the operator; weight-sync dirs are the checkpoints")
+    p.add_argument("--save-every", type=int, default=0,
+                   help="save a checkpoint every N steps (spec.trainer.reference.saveEverySteps); 0: never")
+    p.add_argument("--keep-checkpoints", type=int, default=ReferenceTrainerSpec().keep_checkpoints)
+    p.add_argument("--checkpoint-dir", default=env("RLJOB_CHECKPOINT_DIR"),
+                   help="where checkpoints go; default <weights-dir>/<job>/checkpoints")
+    p.add_argument("--resume", action="store_true",
+                   help="refuse to start unless a checkpoint is there to resume from")
+    p.add_argument("--batches-file", default=env("RLJOB_BATCHES_FILE"),
+                   help="append one JSON line per batch received (step, rank, prompt indices, weight versions)")
     p.add_argument("--weights-dir", default=env("RLJOB_WEIGHTS_DIR", "/checkpoints"))
     p.add_argument("--engine", choices=[e.value for e in Engine], default=env("RLJOB_ENGINE", "vllm"))
     p.add_argument("--pause-mode", choices=[m.value for m in PauseMode], default=env("RLJOB_PAUSE_MODE", "wait"))
@@ -74,6 +113,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                         clip_eps_high=args.clip_eps_high, tis_cap=args.tis_cap)
     except ValueError as exc:
         p.error(f"off-policy settings: {exc}")
+    if args.save_every < 0 or args.keep_checkpoints < 1:
+        p.error("--save-every must be >= 0 and --keep-checkpoints >= 1")
     if args.temperature < 0 or args.max_grad_norm < 0:
         p.error("--temperature and --max-grad-norm must be >= 0")
     if os.environ.get("RLJOB_WEIGHT_UPDATE_METHOD", "disk") != "disk":
@@ -92,10 +133,19 @@ async def train(args: argparse.Namespace) -> int:
     from rljob_client.rollout_stream import RolloutStream
     from rljob_client.trainer.grpo import OffPolicyCorrection
     from rljob_client.trainer.policy import PolicyTrainer
+    from rljob_client.trainer.resume import Checkpointer, abort_orphan_window, resume_from
 
     rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-    init_distributed(rank, world_size)
     controller = InferenceControllerClient.from_env(holder=default_holder())
+    store = CheckpointStore(args.checkpoint_dir or Path(args.weights_dir) / controller.name / "checkpoints",
+                            keep=args.keep_checkpoints)
+    try:  # before anything starts: never train over a checkpoint that is there but unreadable
+        ckpt = store.resume_point(required=args.resume)
+    except CheckpointError as exc:
+        log.error("cannot resume: %s", exc)
+        await controller.close()
+        return EXIT_BAD_CHECKPOINT
+    init_distributed(rank, world_size)
     config = LoopConfig(
         steps=args.steps,
         sync_dir=Path(args.weights_dir) / controller.name,
@@ -111,13 +161,24 @@ async def train(args: argparse.Namespace) -> int:
     writer = DiskWeightWriter(config.sync_dir, args.model, keep=config.keep_versions)
     start_step, model_dir = 0, Path(args.model)
     current = (await controller.cells()).weight_version
-    if current and current.isdigit() and int(current) in writer.versions():
+    if ckpt is None and current and current.isdigit() and int(current) in writer.versions():
         start_step, model_dir = int(current), writer.path_for(int(current))
         log.info("resuming at step %d from %s", start_step, model_dir)
     policy = PolicyTrainer(model_dir, args.learning_rate, args.algorithm, seed=args.seed,
                            max_grad_norm=args.max_grad_norm, temperature=args.temperature,
                            correction=OffPolicyCorrection.from_spec(args.off_policy))
     stream = RolloutStream(controller.name)
+    if ckpt is not None:
+        if rank == 0:
+            await abort_orphan_window(controller, controller.holder)
+        start_step = await resume_from(ckpt, policy, restore_executor=(
+            (lambda state: asyncio.to_thread(stream.restore, state)) if rank == 0 else None))
+        if world_size > 1:  # no rank asks for a rollout before the executor is back at the checkpoint
+            import torch.distributed as dist
+
+            await asyncio.to_thread(dist.barrier)
+    checkpointer = Checkpointer(store, args.save_every if rank == 0 else 0, policy,
+                                executor_state=lambda rollout_id: asyncio.to_thread(stream.checkpoint, rollout_id))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -130,14 +191,17 @@ async def train(args: argparse.Namespace) -> int:
         if metrics is not None:
             with metrics.open("a") as f:
                 f.write(json.dumps(r.to_dict()) + "\n")
+        checkpointer.after_step(r)
 
     training = TrainingLoop(
-        config, controller, ThreadedRolloutStream(stream), policy,
+        config, controller, BatchLog(stream, Path(args.batches_file), rank) if args.batches_file
+        else ThreadedRolloutStream(stream), policy,
         lambda endpoint: make_engine_client(config.engine, endpoint), writer=writer, on_step=on_step,
         ranks=StoreRanks.from_process_group() if world_size > 1 else None,
     )
     try:
         await training.run(stop, start_step=start_step)
+        await checkpointer.close()
     finally:
         await controller.close()
         stream.close()

@@ -37,6 +37,7 @@ from controller_runtime.api.status import CellState
 from controller_runtime.errors import EngineError
 from controller_runtime.window import NoReadyEngines
 from rljob_client.controller_client import ControllerClient
+from rljob_client.trainer.evaluation import PolicyEvaluator
 from rljob_client.trainer.policy import PolicyTrainer, StepMetrics
 from rljob_client.trainer.ranks import RankFailed, RankSync, SingleRank
 from rljob_client.trainer.transport import (
@@ -202,6 +203,7 @@ class TrainingLoop:
         if self.on_status is not None:
             self.on_status(text)
 
+        self.evaluator: PolicyEvaluator | None = None  # spec.rollout.eval; set by whoever runs the loop
     @property
     def is_writer(self) -> bool:
         """Rank 0 writes weights and drives the window; other ranks only train."""
@@ -273,6 +275,8 @@ class TrainingLoop:
             reward_std=metrics.reward_std,
             loss=metrics.loss,
             samples=metrics.samples,
+        if self.is_writer and self.evaluator is not None:  # the new weights are live; the next rollout waits
+            await self.evaluator.after_update(step + 1)
             response_tokens=metrics.response_tokens,
             batch_weight_versions=sorted({int(v) for v in batch.weight_versions}),
             rollout_seconds=got - started,

@@ -14,13 +14,14 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from controller_runtime.api.spec import OffPolicySpec, ReferenceTrainerSpec, RLJobSpec
 from rljob_client.trainer import grpo
+from rljob_client.trainer.checkpoint import Checkpoint, capture_rng, model_state, optimizer_state, restore_rng
 
 if TYPE_CHECKING:  # the executor's batch type; imported for annotations only
     from rljob_client.trainbatch import TrainBatch
@@ -66,6 +67,23 @@ class PolicyTrainer:
         return cls(model_dir, ref.learning_rate, ref.algorithm, seed=seed, max_grad_norm=ref.max_grad_norm,
                    temperature=spec.rollout.sampling.temperature,
                    correction=grpo.OffPolicyCorrection.from_spec(ref.off_policy))
+
+    def checkpoint(self, step: int, weight_version: int, executor: dict[str, Any] | None = None) -> Checkpoint:
+        """This trainer's state after training step `step - 1`, copied (a save may run beside the next step)."""
+        return Checkpoint(step=step, weight_version=weight_version, model=model_state(self.model),
+                          optimizer=optimizer_state(self.optimizer), rng=capture_rng(), executor=executor)
+
+    def restore(self, ckpt: Checkpoint) -> None:
+        """Continue from `ckpt`: its weights (full precision), the optimizer's moments and step counts, the RNGs."""
+        self.model.load_state_dict(ckpt.model, strict=True)
+        self.optimizer.load_state_dict(ckpt.optimizer)
+        restore_rng(ckpt.rng)
+
+    @property
+    def optimizer_steps(self) -> int:
+        """Optimizer steps taken so far (Adam's step count): a resumed trainer continues the count."""
+        steps = [int(s["step"]) for s in self.optimizer.state.values() if "step" in s]
+        return max(steps, default=0)
 
     def train_step(self, batch: TrainBatch) -> StepMetrics:
         """One policy-gradient step on a whole batch (the toy's 64 samples fit in one pass)."""
