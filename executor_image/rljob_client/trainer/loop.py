@@ -196,6 +196,7 @@ class TrainingLoop:
         self.on_step = on_step
         self.on_status = on_status
         self.records: list[StepRecord] = []
+        self.evaluator: PolicyEvaluator | None = None  # spec.rollout.eval; set by whoever runs the loop
         self.version = 0
 
     def _status(self, text: str) -> None:
@@ -203,7 +204,6 @@ class TrainingLoop:
         if self.on_status is not None:
             self.on_status(text)
 
-        self.evaluator: PolicyEvaluator | None = None  # spec.rollout.eval; set by whoever runs the loop
     @property
     def is_writer(self) -> bool:
         """Rank 0 writes weights and drives the window; other ranks only train."""
@@ -268,6 +268,8 @@ class TrainingLoop:
             if self.config.offload_tags:
                 await self.controller.onload_kv()
         done = time.perf_counter()
+        if self.is_writer and self.evaluator is not None:  # the new weights are live; the next rollout waits
+            await self.evaluator.after_update(step + 1)
         return StepRecord(
             step=step,
             weight_version=step + 1,
@@ -275,8 +277,6 @@ class TrainingLoop:
             reward_std=metrics.reward_std,
             loss=metrics.loss,
             samples=metrics.samples,
-        if self.is_writer and self.evaluator is not None:  # the new weights are live; the next rollout waits
-            await self.evaluator.after_update(step + 1)
             response_tokens=metrics.response_tokens,
             batch_weight_versions=sorted({int(v) for v in batch.weight_versions}),
             rollout_seconds=got - started,
