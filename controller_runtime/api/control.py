@@ -105,9 +105,6 @@ class EvalFleetResponse(ApiModel):
     versions: dict[str, str | None] = Field(default_factory=dict, description="endpoint -> weight version it reported.")
 
 
-class ErrorResponse(ApiModel):
-    error: str
-    reason: str
 class EvalFleetRequest(ApiModel):
     """Pin the eval fleet to these weights instead of spec.inference.eval's (an eval point of the
     policy being trained: the step's exported weights); both absent: the spec's checkpoint."""
@@ -127,4 +124,7 @@ class RecordEvalRequest(ApiModel):
     fleet: str = "policy"
 
 
+class ErrorResponse(ApiModel):
+    error: str
+    reason: str
     retry_after_seconds: float | None = None

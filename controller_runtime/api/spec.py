@@ -392,12 +392,6 @@ class RayClusterSpec(ApiModel):
     workers: int = Field(default=0, ge=0, le=1024, description="CPU worker replicas.")
 
 
-class RolloutSpec(ApiModel):
-    """The RolloutExecutor: generation against the serving engines, scoring, batches for the trainers."""
-
-    image: str = Field(default="ghcr.io/rljob/rollout-executor:0.1.0", min_length=1, max_length=MAX_IMAGE, description="RolloutExecutor image.")
-    resources: Resources = Field(default_factory=Resources, description="Executor container resources.")
-    dataset: DatasetSpec = Field(description="Prompts to sample from.")
 EVAL_SAMPLES_NEED_TEMPERATURE_MSG = (
     "spec.rollout.eval.samplesPerPrompt > 1 needs spec.rollout.eval.temperature > 0 "
     "(greedy decoding gives the same answer every time)"
@@ -450,6 +444,12 @@ class PolicyEvalSpec(ApiModel):
         return self
 
 
+class RolloutSpec(ApiModel):
+    """The RolloutExecutor: generation against the serving engines, scoring, batches for the trainers."""
+
+    image: str = Field(default="ghcr.io/rljob/rollout-executor:0.1.0", min_length=1, max_length=MAX_IMAGE, description="RolloutExecutor image.")
+    resources: Resources = Field(default_factory=Resources, description="Executor container resources.")
+    dataset: DatasetSpec = Field(description="Prompts to sample from.")
     sampling: SamplingSpec = Field(default_factory=SamplingSpec, description="Samples per prompt, length and temperature.")
     reward: RewardSpec = Field(default_factory=RewardSpec, description="Reward function.")
     batch_size: int = Field(default=8, ge=1, le=65536, description="Prompts per rollout (samples per rollout = batchSize x nSamplesPerPrompt).")
@@ -457,13 +457,13 @@ class PolicyEvalSpec(ApiModel):
     concurrency: int = Field(default=16, ge=1, le=65536, description="In-flight generation requests per engine.")
     on_weight_update: OnWeightUpdate = Field(default=OnWeightUpdate.drain, description="drain: finish in-flight requests first; abort: abort and retry them on the new weights.")
     ray_cluster: RayClusterSpec | None = Field(default=None, description="Optional KubeRay RayCluster for the executor.")
+    eval: PolicyEvalSpec | None = Field(default=None, description="Evaluate the policy every N steps (pass@1 and mean reward on an eval set).")
 
 
 class OffPolicyMode(StrEnum):
     """How the reference trainer weighs a token sampled by the engine's policy (the behaviour policy).
 
     Both corrections use the engine's sampling logprob of each token as the behaviour policy
-    eval: PolicyEvalSpec | None = Field(default=None, description="Evaluate the policy every N steps (pass@1 and mean reward on an eval set).")
     (the trainer keeps no copy of older weights). A combined mode is not offered: with one
     optimizer step per rollout and no old-actor copy, miles' PPO clip with TIS reduces to
     one of the two (its TIS weight is 1 when the clip uses the rollout logprobs, its clip

@@ -33,7 +33,7 @@ from typing import Any
 import ray
 from rljob_client.trainbatch import ShardRef, TrainBatch
 
-from controller_runtime.api.control import EvalFleetResponse
+from controller_runtime.api.control import EvalFleetResponse, RecordEvalRequest
 from rollout_executor.config import ACTOR_NAMESPACE, EngineSource, ExecutorConfig, actor_name
 from rollout_executor.datachannel import DataChannel
 from rollout_executor.evaluation import EvalFleetProvider, EvalRecorder

@@ -68,6 +68,10 @@ class ExecutorConfig:
     eval_dataset_path: str | None = None
     eval_prompts: int = 16
     eval_max_tokens: int | None = None
+    eval_every_steps: int = 0  # spec.rollout.eval.everySteps; 0: the policy is not evaluated
+    eval_samples_per_prompt: int = 1
+    eval_temperature: float = 0.0
+    eval_success_threshold: float | None = None  # None: the reward's own (rewards.success_threshold)
     data_host: str = "127.0.0.1"
     data_port: int = 0
     data_advertise_host: str | None = None
@@ -97,6 +101,11 @@ class ExecutorConfig:
             model=model,
             tokenizer_path=spec.model.tokenizer or spec.model.path,
         )
+        if r.eval is not None:
+            base.update(eval_every_steps=r.eval.every_steps, eval_dataset_path=r.eval.dataset,
+                        eval_prompts=r.eval.max_prompts, eval_samples_per_prompt=r.eval.samples_per_prompt,
+                        eval_max_tokens=r.eval.max_tokens, eval_temperature=r.eval.temperature,
+                        eval_success_threshold=r.eval.success_threshold)
         if spec.inference.router is not None and "engines" not in overrides:
             base["engines"] = EngineSource(router_url=spec.inference.router.url)
         base.update(overrides)

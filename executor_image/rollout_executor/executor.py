@@ -73,6 +73,7 @@ class RolloutExecutor:
         eval_fleet_provider: EvalFleetProvider | None = None,
         dataset: PromptDataset | None = None,
         vocab: VocabInfo | None = None,
+        eval_recorder: EvalRecorder | None = None,
     ) -> None:
         self.config = config
         if endpoints_provider is None:
@@ -81,9 +82,9 @@ class RolloutExecutor:
             endpoints_provider = static_endpoints(list(config.engines.endpoints))
         self._provider = endpoints_provider
         self._eval_provider = eval_fleet_provider
-        self.dataset = dataset or PromptDataset.from_path(
         self._eval_recorder = eval_recorder  # status.lastEval (the controller API's record_eval)
         self.evals: list[dict[str, Any]] = []  # the policy's eval points, without per-sample rewards
+        self.dataset = dataset or PromptDataset.from_path(
             config.dataset_path,
             config.dataset_format,
             prompt_field=config.prompt_field,
@@ -305,7 +306,6 @@ class RolloutExecutor:
             vocab=self.vocab,
         )
 
-    def state_after(self, rollout_id: int) -> ExecutorState:
     async def eval(self, rollout_id: int, weight_version: str | None = None,
                    checkpoint: str | None = None) -> dict[str, Any]:
         """Evaluate; `rollout_id` is the eval point (training steps done).
@@ -339,6 +339,7 @@ class RolloutExecutor:
         log.info("eval point %d: %s", rid, point)
         return out
 
+    def state_after(self, rollout_id: int) -> ExecutorState:
         """The position after `rollout_id`'s prompts, and the rollouts already taken beyond it."""
         ro = self.rollouts.get(int(rollout_id))
         pos = ro.end if ro is not None else self.dataset.position
@@ -419,9 +420,9 @@ class RolloutExecutor:
             "in_flight": self._gate.in_flight if self._gate else 0,
             "updating_weights": bool(self._gate and not self._gate.is_open),
             "dataset_position": self.dataset.position.to_dict(),
-            "rollouts": {
             "evals": list(self.evals),
             "last_eval": self.evals[-1] if self.evals else None,
+            "rollouts": {
                 r: {"samples": len(x.samples), "done": x.batch is not None, "regenerations": x.regenerations}
                 for r, x in self.rollouts.items()
             },

@@ -60,6 +60,26 @@ async def score(fn: RewardFn, name: str, sample: RewardInput, args: dict[str, An
 
 # ---- built-ins -----------------------------------------------------------------------------
 
+# pass@1 counts a sample as solved when its reward reaches its reward's success threshold
+# (spec.rollout.eval.successThreshold overrides it). The binary built-ins score 1.0 for a
+# correct answer; the token-set toy has no "correct", so a pass there is a response at least
+# half of whose tokens lie in the set (base rate 0.10). A custom reward: 1.0, the usual top score.
+DEFAULT_SUCCESS_THRESHOLD = 1.0
+SUCCESS_THRESHOLDS = {
+    "rollout_executor.rewards:exact_match": 1.0,
+    "rollout_executor.rewards:regex_match": 1.0,
+    "rollout_executor.rewards:math_answer": 1.0,
+    "rollout_executor.rewards:token_set_fraction": 0.5,
+}
+
+
+def success_threshold(function: str, override: float | None = None) -> float:
+    """The reward at or above which a sample of `function` counts as a pass for pass@1."""
+    if override is not None:
+        return override
+    return SUCCESS_THRESHOLDS.get(function, DEFAULT_SUCCESS_THRESHOLD)
+
+
 
 def exact_match(sample: RewardInput, strip: bool = True, case_sensitive: bool = True) -> float:
     """1.0 when the response equals the label."""

@@ -82,6 +82,11 @@ def resolve_paths(manifest: RLJobManifest, cwd: Path) -> RLJobManifest:
     rollout = spec.rollout.model_copy(update={
         "dataset": spec.rollout.dataset.model_copy(update={"path": str(dataset)}),
     })
+    if spec.rollout.eval is not None and spec.rollout.eval.dataset:
+        eval_set = resolve(spec.rollout.eval.dataset, cwd)
+        if not eval_set.is_file():
+            raise ManifestError(f"spec.rollout.eval.dataset: {spec.rollout.eval.dataset} does not exist (looked for {eval_set})")
+        rollout.eval = spec.rollout.eval.model_copy(update={"dataset": str(eval_set)})
     return manifest.model_copy(update={"spec": spec.model_copy(update={"model": model, "rollout": rollout})})
 
 

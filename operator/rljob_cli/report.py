@@ -2,7 +2,8 @@
 
 The summary is the record a person (or a test) checks to see that the run learned: per-step
 rewards and weight versions, the mean reward of the first and last five steps, timings, and
-how often engines had to be restarted.
+how often engines had to be restarted; with spec.rollout.eval, the policy's eval points
+(mean reward and pass@1 on the eval set), which the curve draws as a second line.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rljob_client.trainer.evaluation import EvalPoint
 from rljob_client.trainer.loop import StepRecord
 
 SUMMARY = "summary.json"
@@ -25,8 +27,9 @@ def mean(xs: Sequence[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
-def summarize(records: Sequence[StepRecord], **extra: Any) -> dict[str, Any]:
+def summarize(records: Sequence[StepRecord], evals: Sequence[EvalPoint] = (), **extra: Any) -> dict[str, Any]:
     rewards = [r.reward_mean for r in records]
+    scored = [e for e in evals if not e.skipped]
     first, last = mean(rewards[:WINDOW]), mean(rewards[-WINDOW:])
     return {
         "steps": len(records),
@@ -42,6 +45,8 @@ def summarize(records: Sequence[StepRecord], **extra: Any) -> dict[str, Any]:
             "mean_sync_seconds": mean([r.sync_seconds for r in records]),
         },
         "per_step": [r.to_dict() for r in records],
+        "evals": [e.to_dict() for e in evals],
+        "last_eval": scored[-1].to_dict() if scored else None,
         **extra,
     }
 
@@ -54,7 +59,8 @@ def write_summary(out_dir: Path, summary: dict[str, Any]) -> Path:
     return path
 
 
-def plot_rewards(out_dir: Path, records: Sequence[StepRecord], title: str) -> Path:
+def plot_rewards(out_dir: Path, records: Sequence[StepRecord], title: str, evals: Sequence[EvalPoint] = ()) -> Path:
+    """Mean training reward per step; eval points (if any) at the step count whose policy they scored."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -68,6 +74,12 @@ def plot_rewards(out_dir: Path, records: Sequence[StepRecord], title: str) -> Pa
     lo = [m - r.reward_std for m, r in zip(means, records, strict=True)]
     hi = [m + r.reward_std for m, r in zip(means, records, strict=True)]
     ax.fill_between(steps, lo, hi, alpha=0.2, label="± std over samples")
+    scored = [e for e in evals if not e.skipped and e.reward is not None and e.pass_at_1 is not None]
+    if scored:
+        ax.plot([e.step for e in scored], [e.reward for e in scored], marker="s", markersize=5,
+                label="eval: mean reward")
+        ax.plot([e.step for e in scored], [e.pass_at_1 for e in scored], marker="^", markersize=5, linestyle="--",
+                label="eval: pass@1")
     ax.set_xlabel("step")
     ax.set_ylabel("reward")
     ax.set_title(title)

@@ -35,6 +35,7 @@ from typing import Any
 
 import psutil
 from rljob_client.controller_client import LocalControllerClient
+from rljob_client.trainer.evaluation import EvalPoint, PolicyEvaluator
 from rljob_client.trainer.loop import LoopConfig, StepRecord, ThreadedRolloutStream, TrainingLoop
 
 from controller_runtime.api.spec import RLJobManifest
@@ -178,6 +179,8 @@ class LocalRun:
         self.interrupted: str | None = None
         self.failure: str | None = None
         self.records: list[StepRecord] = []
+        self.evals: list[EvalPoint] = []  # spec.rollout.eval's points (in-process trainer)
+        self.last_eval_status: dict[str, Any] | None = None  # the controller's status.lastEval at the end
         self.timings: dict[str, float] = {}
         self.started = time.monotonic()
 
@@ -257,6 +260,9 @@ class LocalRun:
                 ThreadedRolloutStream(stream), policy, lambda endpoint: make_engine_client(engine, endpoint),
                 on_step=self._on_step, on_status=self.progress.status,
             )
+            training.evaluator = await asyncio.to_thread(
+                PolicyEvaluator.from_stream, stream, self.prepared.steps,
+                lambda v: str(training.writer.path_for(v)) if training.writer is not None else None, self._on_eval)
             await self._until_stopped(self._first_sync_timed(training))
             await self._until_stopped(training.run(self.stop, start_step=0, initial_sync=False))
             return self._exit_code()
@@ -355,6 +361,14 @@ class LocalRun:
         self.progress.step(record)
         self.children.snapshot()
 
+    def _on_eval(self, point: EvalPoint) -> None:
+        self.evals.append(point)
+        if point.skipped:
+            self.progress.write(f"eval after step {point.step}: skipped ({point.reason})")
+        else:
+            self.progress.write(f"eval after step {point.step}: mean reward {point.reward:.3f}, "
+                                f"pass@1 {point.pass_at_1:.3f} ({point.samples} samples, {point.fleet} fleet)")
+
     def _exit_code(self) -> int:
         if self.failure:
             return EXIT_FAILED
@@ -401,7 +415,9 @@ class LocalRun:
         ctrl_stop.set()  # first, so that no cell is recreated while the engines go
         with contextlib.suppress(Exception):
             await asyncio.wait_for(ctrl_task, 30)
-        restarts = int(self.controller.status_patch().get("restartsTotal") or 0)
+        status = self.controller.status_patch()
+        restarts = int(status.get("restartsTotal") or 0)
+        self.last_eval_status = status.get("lastEval")  # what status.lastEval holds, as on a cluster
         spawned = self.platform.spawned
         stopping = [self.platform.close()]
         if executor is not None:
@@ -418,6 +434,8 @@ class LocalRun:
         self.timings["total_seconds"] = time.monotonic() - self.started
         summary = report.summarize(
             self.records,
+            self.evals,
+            status={"lastEval": self.last_eval_status},
             job=self.job,
             manifest=str(self.opts.manifest),
             requested_steps=self.prepared.steps,
@@ -433,7 +451,7 @@ class LocalRun:
         )
         path = report.write_summary(self.out, summary)
         if self.records:
-            report.plot_rewards(self.out, self.records, f"{self.job}: mean reward per step")
+            report.plot_rewards(self.out, self.records, f"{self.job}: mean reward per step", self.evals)
         first, last = summary["first5_mean_reward"], summary["last5_mean_reward"]
         if first is not None:
             print(f"mean reward: first {min(5, len(self.records))} steps {first:.3f}, "

@@ -129,6 +129,12 @@ INVALID = [
         "spec.trainer.reference.saveEvery",
         S.SAVE_EVERY_SPELLINGS_MSG,
     ),
+    Case(
+        "greedy-eval-with-several-samples",
+        {"spec.rollout.eval": {"everySteps": 10, "samplesPerPrompt": 4}},
+        "spec.rollout.eval.temperature",
+        S.EVAL_SAMPLES_NEED_TEMPERATURE_MSG,
+    ),
 ]
 
 # Variations near the rules that must stay valid.
@@ -145,6 +151,8 @@ VALID_EDITS = {
         "spec.trainer.workloadRef": {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "t"},
     },
     "backoff-equals-max": {"spec.inference.restartPolicy.backoffSeconds": 300},
+    "greedy-eval-one-sample": {"spec.rollout.eval": {"everySteps": 10}},
+    "sampled-eval-several-samples": {"spec.rollout.eval": {"everySteps": 10, "samplesPerPrompt": 4, "temperature": 1}},
     "stale-samples-default-correction": {"spec.rollout.maxStaleness": 4},
     "stale-samples-clipped": {"spec.trainer.reference.offPolicy": {"mode": "clip", "clipEpsHigh": 0.28}},
     "on-policy-without-correction": {"spec.rollout.maxStaleness": 0, "spec.trainer.reference.offPolicy": {"mode": "none"}},

@@ -26,7 +26,8 @@ from controller_runtime.clock import iso
 from rljob_operator.conditions import Want, find, merge_conditions, transitions
 
 TERMINAL = (Phase.Succeeded.value, Phase.Failed.value)
-CONTROLLER_KEYS = ("engines", "lock", "weightVersion", "rolloutId", "readyEngines", "totalEngines", "ready", "restartsTotal")
+CONTROLLER_KEYS = ("engines", "lock", "weightVersion", "rolloutId", "readyEngines", "totalEngines", "ready", "restartsTotal",
+                   "lastEval")
 
 
 class TrainerState(StrEnum):
