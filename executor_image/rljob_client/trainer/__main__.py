@@ -44,6 +44,7 @@ from controller_runtime.api.spec import (
 from controller_runtime.clients.factory import make_engine_client
 from rljob_client.controller_client import InferenceControllerClient, default_holder
 from rljob_client.trainer.checkpoint import CheckpointError, CheckpointStore
+from rljob_client.trainer.evaluation import PolicyEvaluator
 from rljob_client.trainer.loop import LoopConfig, StepRecord, ThreadedRolloutStream, TrainingLoop
 from rljob_client.trainer.ranks import StoreRanks
 from rljob_client.trainer.weights import DiskWeightWriter
@@ -199,6 +200,9 @@ async def train(args: argparse.Namespace) -> int:
         lambda endpoint: make_engine_client(config.engine, endpoint), writer=writer, on_step=on_step,
         ranks=StoreRanks.from_process_group() if world_size > 1 else None,
     )
+    if rank == 0:  # the writer evaluates when spec.rollout.eval asks (everySteps comes from the executor)
+        training.evaluator = await asyncio.to_thread(PolicyEvaluator.from_stream, stream, args.steps,
+                                                     lambda v: str(writer.path_for(v)))
     try:
         await training.run(stop, start_step=start_step)
         await checkpointer.close()
