@@ -14,6 +14,10 @@ from controller_runtime.api.spec import Engine, RLJobSpec, WeightUpdateMethod
 GIB = 2**30
 BYTES_PER_CPU_ENGINE = int(3.3 * GIB)  # one vLLM CPU server on the tiny model, 1 GiB KV cache
 BYTES_FOR_THE_REST = int(1.5 * GIB)  # Ray head + executor actor + the torch trainer
+BYTES_PER_EXTRA_TRAINER_RANK = int(0.6 * GIB)  # one more torch process (tiny model, gloo) per rank beyond the first
+# Ranks are local processes sharing the cores (one torch thread each): on a 2-core machine 2
+# ranks train side by side; 4 still run correctly (the rank tests do), only slower per rank.
+MAX_LOCAL_TRAINER_RANKS = 4
 
 
 class LocalModeError(Exception):
@@ -37,7 +41,8 @@ def local_mode_problems(spec: RLJobSpec, available_bytes: int) -> list[str]:
         )
     if inf.replicas < 1:
         problems.append("spec.inference.replicas is 0: local mode needs at least one engine cell; set replicas: 1")
-    need = inf.replicas * BYTES_PER_CPU_ENGINE + BYTES_FOR_THE_REST
+    extra_ranks = max(0, min(trainer.replicas, MAX_LOCAL_TRAINER_RANKS) - 1)
+    need = inf.replicas * BYTES_PER_CPU_ENGINE + BYTES_FOR_THE_REST + extra_ranks * BYTES_PER_EXTRA_TRAINER_RANK
     if inf.replicas >= 1 and need > available_bytes:
         fits = max_cells(available_bytes)
         hint = (f"scale it down: set spec.inference.replicas: {fits}" if fits >= 1
@@ -45,7 +50,9 @@ def local_mode_problems(spec: RLJobSpec, available_bytes: int) -> list[str]:
         problems.append(
             f"spec.inference.replicas is {inf.replicas}: that needs about {need / GIB:.1f} GiB "
             f"({BYTES_PER_CPU_ENGINE / GIB:.1f} GiB per CPU engine + {BYTES_FOR_THE_REST / GIB:.1f} GiB for Ray, "
-            f"the executor and the trainer) but {available_bytes / GIB:.1f} GiB is available; {hint} "
+            f"the executor and the trainer"
+            + (f" + {BYTES_PER_EXTRA_TRAINER_RANK / GIB:.1f} GiB per trainer rank beyond the first" if extra_ranks else "")
+            + f") but {available_bytes / GIB:.1f} GiB is available; {hint} "
             "(and spec.inference.gpusPerEngine: 0)"
         )
     if inf.weight_update.method != WeightUpdateMethod.disk:
@@ -53,8 +60,9 @@ def local_mode_problems(spec: RLJobSpec, available_bytes: int) -> list[str]:
                         "by disk; set method: disk")
     if trainer.workload_ref is not None or trainer.command:
         problems.append("spec.trainer: local mode runs the reference trainer; remove workloadRef/command")
-    if trainer.replicas != 1:
-        problems.append(f"spec.trainer.replicas is {trainer.replicas}: local mode runs one trainer; set replicas: 1")
+    if not 1 <= trainer.replicas <= MAX_LOCAL_TRAINER_RANKS:
+        problems.append(f"spec.trainer.replicas is {trainer.replicas}: local mode runs 1 to {MAX_LOCAL_TRAINER_RANKS} "
+                        "trainer ranks (one local process each); set replicas: 1 or 2")
     if trainer.gpus_per_replica > 0:
         problems.append(f"spec.trainer.gpusPerReplica is {trainer.gpus_per_replica}: local mode trains on the CPU; "
                         "set spec.trainer.gpusPerReplica: 0")

@@ -36,7 +36,13 @@ from typing import Any
 import psutil
 from rljob_client.controller_client import LocalControllerClient
 from rljob_client.trainer.evaluation import EvalPoint, PolicyEvaluator
-from rljob_client.trainer.loop import LoopConfig, StepRecord, ThreadedRolloutStream, TrainingLoop
+from rljob_client.trainer.loop import (
+    LoopConfig,
+    StepRecord,
+    ThreadedRolloutStream,
+    TrainingLoop,
+    default_overlap,
+)
 
 from controller_runtime.api.spec import RLJobManifest
 from controller_runtime.api.status import CellState
@@ -75,6 +81,7 @@ class RunOptions:
     cwd: Path = Path(".")
     executor_ready_timeout: float = 300.0
     trainer_process: bool = False  # run `python -m rljob_client.trainer` over HTTP, as in a pod
+    overlap: bool | None = None  # generate rollout n+1 while training on n; None: the spec's default (loop.py)
 
 
 @dataclass(frozen=True)
@@ -246,7 +253,7 @@ class LocalRun:
             ready = await self._until_stopped(executor.wait_ready(self.opts.executor_ready_timeout))
             self.timings["executor_ready_seconds"] = time.monotonic() - self.started
             self.children.snapshot()
-            if self.opts.trainer_process:
+            if self.opts.trainer_process or self.spec.trainer.replicas > 1:  # ranks: one process each, gloo
                 await self._until_stopped(self._run_trainer_process(ready, api))
                 return self._exit_code()
             stream = await self._until_stopped(asyncio.to_thread(self._connect, ready["client_address"]))
@@ -254,7 +261,7 @@ class LocalRun:
 
             policy = await asyncio.to_thread(PolicyTrainer.from_spec, model, self.spec)
             config = LoopConfig.from_spec(self.spec, steps=self.prepared.steps, sync_dir=self.out / "weights",
-                                          holder="local-trainer")
+                                          holder="local-trainer", overlap=self.opts.overlap)
             training = TrainingLoop(
                 config, LocalControllerClient(self.controller, holder="local-trainer"),
                 ThreadedRolloutStream(stream), policy, lambda endpoint: make_engine_client(engine, endpoint),
@@ -288,6 +295,11 @@ class LocalRun:
         (SIGKILL, as the OOM killer or an evicted pod's would be), it is started again, up to
         TRAINER_RESTARTS times, and resumes from its last checkpoint; the steps it redoes
         replace their first attempt in the summary.
+
+        With spec.trainer.replicas > 1, one process per rank (RANK/WORLD_SIZE, a gloo group on
+        loopback, one torch thread each: the ranks share this machine's cores), as the pods of a
+        trainer Job would be; the summary takes rank 0's steps. A rank killed with SIGKILL brings
+        the others down (the rank discipline fails them naming it), and all start again together.
         """
         ref = self.spec.trainer.reference
         metrics = self.out / "trainer-steps.jsonl"
@@ -296,7 +308,10 @@ class LocalRun:
         batches.unlink(missing_ok=True)
         env = dict(os.environ, RLJOB_CONTROLLER_URL=api.url, RLJOB_NAME=self.job, RLJOB_NAMESPACE=LOCAL_NAMESPACE,
                    RLJOB_CONTROLLER_TOKEN_FILE=str(api.token_file), RLJOB_ROLLOUT_ADDRESS=ready["client_address"],
-                   RANK="0", WORLD_SIZE="1", POD_NAME="trainer-0", RLJOB_WEIGHT_UPDATE_METHOD="disk")
+                   RANK="0", WORLD_SIZE="1", POD_NAME="trainer-0", RLJOB_WEIGHT_UPDATE_METHOD="disk",
+                   RLJOB_OVERLAP="1" if (self.opts.overlap if self.opts.overlap is not None
+                                         else default_overlap(self.spec)) else "0")
+        world = self.spec.trainer.replicas
         argv = [sys.executable, "-m", "rljob_client.trainer", "--model", str(self.spec.model.path),
                 "--steps", str(self.prepared.steps), "--learning-rate", repr(ref.learning_rate),
                 "--algorithm", ref.algorithm, "--weights-dir", str(self.out / "weights"),
@@ -307,9 +322,14 @@ class LocalRun:
         log_path = self.logs / "trainer.log"
         seen, restarts = 0, 0
         while True:
-            proc = start_logged(argv, log_path, env)
-            self.children.note("trainer", proc.pid)
-            self.progress.status("trainer process started (python -m rljob_client.trainer)")
+            if world > 1:
+                env.update(WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+                env.setdefault("OMP_NUM_THREADS", "1")
+            procs = [start_logged(argv if rank == 0 else rank_argv(argv, rank), rank_path(log_path, rank),
+                                  dict(env, RANK=str(rank), POD_NAME=f"trainer-{rank}")) for rank in range(world)]
+            for p in procs:
+                self.children.note("trainer", p.pid)
+            self.progress.status(f"{world} trainer process{'es' if world > 1 else ''} started (python -m rljob_client.trainer)")
             try:
                 while True:
                     lines = metrics.read_text().splitlines() if metrics.exists() else []
@@ -318,22 +338,28 @@ class LocalRun:
                         self.records = [r for r in self.records if r.step < record.step]  # redone after a resume
                         self._on_step(record)
                     seen = len(lines)
-                    if proc.poll() is not None:
+                    if all(p.poll() is not None for p in procs):
                         break
                     await asyncio.sleep(0.5)
             finally:
-                if proc.poll() is None:
-                    proc.send_signal(signal.SIGTERM)
+                for p in procs:
+                    if p.poll() is None:
+                        p.send_signal(signal.SIGTERM)
+                for p in procs:
                     with contextlib.suppress(subprocess.TimeoutExpired):
-                        await asyncio.to_thread(proc.wait, 60)
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(proc.pid, signal.SIGKILL)
+                        await asyncio.to_thread(p.wait, 60)
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(p.pid, signal.SIGKILL)
+            # the rank to report: one killed by SIGKILL, else the first that failed, else rank 0
+            proc = next((p for p in procs if p.returncode == -signal.SIGKILL),
+                        next((p for p in procs if p.returncode != 0), procs[0]))
             if proc.returncode == -signal.SIGKILL and restarts < TRAINER_RESTARTS and not self.stop.is_set():
                 restarts += 1
                 self.progress.write(f"the trainer was killed (SIGKILL); starting it again ({restarts}/{TRAINER_RESTARTS}), "
                                     "it resumes from its last checkpoint")
                 continue
             if proc.returncode != 0:
+                log_path = rank_path(log_path, procs.index(proc))
                 tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-25:])
                 raise RunFailed(f"the trainer exited with code {proc.returncode} (log: {log_path}):\n{tail}")
             return
@@ -462,6 +488,21 @@ class LocalRun:
             print(f"warning: {len(left)} child processes survived SIGKILL: {[r['pid'] for r in left]}", file=sys.stderr)
         print(f"summary: {path}" + (f"\nreward curve: {self.out / report.CURVE}" if self.records else ""),
               file=sys.stderr)
+
+
+def rank_path(path: Path, rank: int) -> Path:
+    """Rank 0 keeps the one-rank name (trainer.log, trainer-steps.jsonl); rank r gets `-rank<r>`."""
+    return path if rank == 0 else path.with_name(f"{path.stem}-rank{rank}{path.suffix}")
+
+
+def rank_argv(argv: list[str], rank: int) -> list[str]:
+    """A rank's own metrics and batches files: each rank appends its own lines."""
+    out = list(argv)
+    for flag in ("--metrics-file", "--batches-file"):
+        if flag in out:
+            i = out.index(flag) + 1
+            out[i] = str(rank_path(Path(out[i]), rank))
+    return out
 
 
 class _Stopped(Exception):

@@ -135,9 +135,16 @@ def test_more_cells_than_memory_allows_names_the_replicas_that_fit() -> None:
 
 def test_trainer_fields_local_mode_cannot_honour_are_named() -> None:
     spec = manifest().spec.model_copy(update={"trainer": manifest().spec.trainer.model_copy(
-        update={"gpus_per_replica": 8, "replicas": 2})})
+        update={"gpus_per_replica": 8, "replicas": 8})})  # 2 ranks run locally since issue 10; 8 do not
     text = "\n".join(local_mode_problems(spec, 20 * GIB))
-    assert "spec.trainer.gpusPerReplica is 8" in text and "spec.trainer.replicas is 2" in text
+    assert "spec.trainer.gpusPerReplica is 8" in text and "spec.trainer.replicas is 8" in text
+
+
+def test_two_trainer_ranks_fit_a_two_core_machine() -> None:
+    spec = manifest().spec.model_copy(update={"trainer": manifest().spec.trainer.model_copy(update={"replicas": 2})})
+    assert local_mode_problems(spec, 8 * GIB) == []
+    problems = local_mode_problems(spec, int(5.2 * GIB))  # 1 engine + the rest fit, the second rank does not
+    assert len(problems) == 1 and "per trainer rank beyond the first" in problems[0]
 
 
 def test_sglang_is_refused() -> None:

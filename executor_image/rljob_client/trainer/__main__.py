@@ -158,6 +158,7 @@ async def train(args: argparse.Namespace) -> int:
         world_size=world_size,
         ready_timeout_seconds=float(env_ready) if (env_ready := os.environ.get("RLJOB_READY_TIMEOUT_SECONDS"))
         else WeightUpdateSpec().ready_timeout_seconds,
+        overlap=os.environ.get("RLJOB_OVERLAP", "0") == "1",  # generate rollout n+1 while training on n (loop.py)
     )
     writer = DiskWeightWriter(config.sync_dir, args.model, keep=config.keep_versions)
     start_step, model_dir = 0, Path(args.model)

@@ -15,6 +15,16 @@ Per step (REFERENCE-miles.md "Training step order"):
    and `end_weight_update` (the gate reopens, aborted requests retry on the new weights);
 6. colocated: `onload_kv()`.
 
+Overlap (`LoopConfig.overlap`, miles `train_async.py`): as soon as it has batch n, the writer
+prepares rollout n+1 and has the executor start generating it (`generate(n + 1)`), so the
+engines generate n+1 while the trainer trains on n. The weight update of step n still goes
+through the window and the executor's gate; samples of n+1 generated on the old weights are one
+version behind when n+1 is handed out (the executor drops and regenerates groups beyond
+spec.rollout.maxStaleness, the off-policy correction weighs the rest). The default
+(`from_spec`): overlap when maxStaleness >= 1 and the trainer does not share GPUs with the
+engines (colocated engines are offloaded while the trainer trains: nothing could generate), since
+with maxStaleness 0 every early sample would be dropped and generated again.
+
 Before the first step, version 0 (the initial weights) is pushed the same way: it waits for
 the fleet to come up (the window has no engine until a cell is PendingWeights or Serving)
 and puts every engine on a known version. A trainer restarted mid-job resumes from the
@@ -56,7 +66,7 @@ if TYPE_CHECKING:  # the executor's batch type; imported for annotations only
 
 log = logging.getLogger(__name__)
 
-__all__ = ["EngineFactory", "LoopConfig", "RankFailed", "RolloutSource", "StepRecord", "ThreadedRolloutStream",
+__all__ = ["EngineFactory", "LoopConfig", "OverlappingRolloutSource", "RankFailed", "RolloutSource", "StepRecord", "ThreadedRolloutStream",
            "TrainingLoop", "WeightSyncFailed", "push_from_disk"]
 
 
@@ -81,6 +91,12 @@ class RolloutSource(Protocol):
     async def end_weight_update(self, version: int | None = None) -> Any: ...
 
 
+class OverlappingRolloutSource(RolloutSource, Protocol):
+    """A source that can start a rollout in the background (needed only with `LoopConfig.overlap`)."""
+
+    async def generate(self, rollout_id: int) -> None: ...
+
+
 class ThreadedRolloutStream:
     """Adapts the blocking `RolloutStream` (Ray calls) to the loop without blocking the event loop."""
 
@@ -99,6 +115,9 @@ class ThreadedRolloutStream:
     async def end_weight_update(self, version: int | None = None) -> Any:
         return await asyncio.to_thread(self.stream.end_weight_update, version)
 
+    async def generate(self, rollout_id: int) -> None:
+        await asyncio.to_thread(self.stream.generate, rollout_id)
+
 
 @dataclass(frozen=True)
 class LoopConfig:
@@ -115,15 +134,20 @@ class LoopConfig:
     fleet_timeout_seconds: float = 1800.0  # waiting for an engine to take weights at all
     keep_versions: int = 2
     rejoin_check_seconds: float = 5.0  # while waiting for a rollout: does the fleet wait for weights?
+    overlap: bool = False  # the writer starts rollout n+1 before training on n (from_spec: maxStaleness >= 1)
     weight_update_method: WeightUpdateMethod = WeightUpdateMethod.disk
     ready_timeout_seconds: float | None = None  # a window waits this long for starting cells (None: not at all)
     push_concurrency: int = DEFAULT_PUSH_CONCURRENCY  # engines of one window pushed at once
 
     @classmethod
     def from_spec(cls, spec: RLJobSpec, *, steps: int | None = None, sync_dir: str | os.PathLike[str] | None = None,
-                  holder: str = "trainer-0", rank: int = 0, world_size: int = 1) -> LoopConfig:
+                  holder: str = "trainer-0", rank: int = 0, world_size: int = 1,
+                  overlap: bool | None = None) -> LoopConfig:
+        """`overlap=None`: overlap when maxStaleness >= 1 and not colocated (module docstring)."""
         inf = spec.inference
         colocated = spec.trainer.colocate and inf.offload.enabled
+        if overlap is None:
+            overlap = default_overlap(spec)
         return cls(
             steps=steps if steps is not None else spec.trainer.reference.steps,
             sync_dir=Path(sync_dir if sync_dir is not None else inf.weight_update.shared_path),
@@ -133,10 +157,17 @@ class LoopConfig:
             holder=holder,
             rank=rank,
             world_size=world_size,
+            overlap=overlap,
             fleet_timeout_seconds=inf.health_check.startup_deadline_seconds,
             weight_update_method=inf.weight_update.method,
             ready_timeout_seconds=inf.weight_update.ready_timeout_seconds,
         )
+
+
+def default_overlap(spec: RLJobSpec) -> bool:
+    """Overlap when samples may be a version behind and the engines stay up while the trainer trains."""
+    colocated = spec.trainer.colocate and spec.inference.offload.enabled
+    return spec.rollout.max_staleness >= 1 and not colocated
 
 
 @dataclass
@@ -198,6 +229,7 @@ class TrainingLoop:
         self.records: list[StepRecord] = []
         self.evaluator: PolicyEvaluator | None = None  # spec.rollout.eval; set by whoever runs the loop
         self.version = 0
+        self.prepared: set[int] = set()  # rollouts the writer already prepared (overlap: one step early)
 
     def _status(self, text: str) -> None:
         log.info("%s", text)
@@ -236,10 +268,25 @@ class TrainingLoop:
         version of the previous step and told the executor, so the batch each rank gets is
         frozen at the version this step expects (bug 2 of issue 10).
         """
-        if self.is_writer:
-            await self.controller.prepare_rollout(step)
+        if self.is_writer and step not in self.prepared:
+            await self.prepare(step)
         if self.config.world_size > 1:
             self.version = await self.ranks.share_version(step, self.version if self.is_writer else None)
+
+    async def prepare(self, step: int) -> None:
+        await self.controller.prepare_rollout(step)
+        self.prepared.add(step)
+
+    async def start_next_rollout(self, step: int) -> None:
+        """Overlap: the writer prepares rollout `step + 1` and the executor starts generating it now."""
+        following = step + 1
+        if not (self.config.overlap and self.is_writer and following < self.config.steps):
+            return
+        generate = getattr(self.rollouts, "generate", None)
+        if generate is None:
+            raise TypeError(f"LoopConfig.overlap needs a rollout source with generate(); {type(self.rollouts).__name__} has none")
+        await self.prepare(following)
+        await generate(following)
 
     async def step(self, step: int) -> StepRecord:
         started = time.perf_counter()
@@ -248,6 +295,7 @@ class TrainingLoop:
         self.ranks.at(f"step {step}: waiting for the rollout")
         batch = await self.get_batch(step)
         got = time.perf_counter()
+        await self.start_next_rollout(step)  # before training on `step`: the engines work meanwhile
         if self.is_writer and self.config.offload_tags:
             await self.controller.offload(list(self.config.offload_tags))
         self._status(f"step {step}: training on {len(batch)} samples")
