@@ -1,0 +1,30 @@
+"""bench/overlap_bench.py --smoke: the real TrainingLoop on the fakes, simulated generation and
+training times. Overlap hides the generation behind training: the ratio the benchmark targets."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from argparse import Namespace
+from types import ModuleType
+
+from tests.unit.crd_cases import REPO_ROOT
+
+
+def load_bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("overlap_bench", REPO_ROOT / "bench" / "overlap_bench.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["overlap_bench"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_smoke_run_reports_both_modes_over_the_same_samples() -> None:
+    bench = load_bench()
+    result = bench.smoke(Namespace())
+    sync, overlap = result["modes"]["sync"], result["modes"]["overlap"]
+    assert result["same_samples"] and sync["samples"] == overlap["samples"] == 6 * 64
+    assert sync["rewards"] == overlap["rewards"], "the same rollouts, in the same order"
+    assert result["samples_per_second_ratio"] >= bench.TARGET_RATIO, result
+    assert "ratio" in bench.summary_line(result)
