@@ -564,7 +564,7 @@ class InferenceController:
             await self._expire_lock_if_due()  # a window past its expiry cannot be ended any more
             lock = self.lock.check(snapshot)
             version = weight_version if weight_version is not None else _next_version(self.fleet.weight_version)
-            if self.spec.weight_update.check_weights:
+            if self.spec.weight_update.check_weights or expected_checksums is not None:
                 await self._check_weights(lock, expected_checksums)
             served = cells_to_serve(self.fleet.cells.values(), lock.snapshot)
             for cell in served:
@@ -585,7 +585,7 @@ class InferenceController:
     async def _check_weights(self, lock: WindowLock, expected: dict[str, str] | None) -> None:
         clients = self._participant_clients(lock)
         try:
-            after = await collect_checksums(clients, self.clock, self.call_timeout)
+            after = await collect_checksums(clients, self.clock, self.call_timeout, received=expected is not None)
             mismatched = compare_checksums(after, expected)
         except Exception as exc:
             after, mismatched = {}, {name: [f"<unreadable: {type(exc).__name__}: {exc}>"] for name in clients}

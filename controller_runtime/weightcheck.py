@@ -4,6 +4,12 @@ At window start the controller records each participant's tensor checksums; at t
 reads them again. After an update every participant must hold the same weights (data-parallel
 engines of one policy), and when the trainer passes the checksums it sent, they must match
 those. The comparison is pure; collecting goes through `EngineClient.weight_checksums`.
+
+With the trainer's checksums, an engine that can say what it *received* in the last
+process-group update (`ReceivedChecksums`: the vLLM worker extension keeps the sha256 of each
+tensor as it arrived) is read that way instead: its own parameters are in kernel layout
+(fused projections, padded vocabularies, CPU-repacked matrices) and could never equal what
+the trainer hashed. A tensor the trainer expects and the engine did not receive is missing.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import Mapping
+from typing import Protocol, runtime_checkable
 
 from controller_runtime.clock import Clock
 from controller_runtime.deadline import call_within
@@ -20,11 +27,29 @@ Checksums = dict[str, dict[str, str]]  # cell -> tensor -> checksum
 MISSING = "<missing>"
 
 
-async def collect_checksums(clients: Mapping[str, EngineClient], clock: Clock, seconds: float) -> Checksums:
-    """Every cell's checksums, read concurrently; a failed read raises (the check cannot pass)."""
+@runtime_checkable
+class ReceivedChecksums(Protocol):
+    """An engine client that reports the checksums of the tensors its last update received."""
+
+    async def received_checksums(self) -> dict[str, str]: ...
+
+
+async def _read(client: EngineClient, received: bool) -> dict[str, str]:
+    if received and isinstance(client, ReceivedChecksums):
+        return await client.received_checksums()
+    return await client.weight_checksums()
+
+
+async def collect_checksums(
+    clients: Mapping[str, EngineClient], clock: Clock, seconds: float, *, received: bool = False
+) -> Checksums:
+    """Every cell's checksums, read concurrently; a failed read raises (the check cannot pass).
+
+    `received`: read what each engine received in the last update where it can say so.
+    """
     names = sorted(clients)
     results = await asyncio.gather(
-        *(call_within(clock, clients[n].weight_checksums(), seconds) for n in names)
+        *(call_within(clock, _read(clients[n], received), seconds) for n in names)
     )
     return {n: dict(r) for n, r in zip(names, results, strict=True)}
 

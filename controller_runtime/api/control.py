@@ -63,6 +63,9 @@ class UpdateWindowResponse(ApiModel):
 class EndUpdateRequest(ApiModel):
     snapshot: dict[str, int]
     weight_version: str | None = None
+    expected_checksums: dict[str, str] | None = Field(
+        default=None, description="tensor -> sha256 of what the trainer sent; every participant must report exactly these."
+    )
 
 
 class AbortUpdateRequest(ApiModel):

@@ -169,8 +169,12 @@ class EvalFleetSpec(ApiModel):
 
 
 class WeightUpdateMethod(StrEnum):
+    """disk: files on shared storage; nccl/gloo: one broadcast into a process group of the
+    window (the same code; nccl moves GPU buffers, gloo CPU ones, e.g. for CPU engines)."""
+
     disk = "disk"
     nccl = "nccl"
+    gloo = "gloo"
 
 
 class PauseMode(StrEnum):
@@ -182,11 +186,13 @@ class PauseMode(StrEnum):
 class WeightUpdateSpec(ApiModel):
     """How new weights reach the engines after each training step."""
 
-    method: WeightUpdateMethod = Field(default=WeightUpdateMethod.disk, description="disk: safetensors on shared storage + engine reload; nccl: broadcast into a process group (GPU engines only).")
+    method: WeightUpdateMethod = Field(default=WeightUpdateMethod.disk, description="disk: safetensors on shared storage + engine reload; nccl: bucketed broadcast from the trainer into a process group of the window's engines (GPU engines only); gloo: the same broadcast over gloo (CPU engines, or GPUs without NCCL).")
     pause_mode: PauseMode = Field(default=PauseMode.wait, description="How in-flight requests are treated while weights change (vLLM /pause?mode=).")
     check_weights: bool = Field(default=False, description="Snapshot engine weight checksums before, compare after (miles check_weight_update_equal).")
     lock_timeout_seconds: float = Field(default=600, gt=0, description="An update window left open longer than this is aborted and reported.")
     ready_timeout_seconds: float = Field(default=60, ge=0, description="A window first waits up to this long for cells that are starting, then opens over the ready ones (miles start_update_weights ready_timeout); 0: only the cells ready at that instant.")
+    bucket_megabytes: int = Field(default=512, ge=1, le=65536, description="nccl/gloo: tensors are packed into broadcasts of at most this many MiB (a larger tensor goes alone).")
+    transfer_timeout_seconds: float = Field(default=120, gt=0, le=86400, description="nccl/gloo: bound on forming the group and on each broadcast; a peer that dies or never joins fails the window after this long.")
     shared_path: str = Field(default="/checkpoints", min_length=1, max_length=MAX_PATH, description="Shared directory where the trainer writes weights for disk updates.")
     pvc: PvcSource | None = Field(default=None, description="PVC mounted at sharedPath in engine and trainer pods (disk updates across pods need shared storage).")
 
@@ -261,7 +267,7 @@ TP_PP_PRODUCT_MSG = (
 )
 TP_DIVIDES_MSG = "spec.inference.tensorParallelSize must divide spec.inference.gpusPerEngine"
 NCCL_NEEDS_GPUS_MSG = (
-    "spec.inference.weightUpdate.method nccl needs GPU engines (gpusPerEngine >= 1); use method disk for CPU engines"
+    "spec.inference.weightUpdate.method nccl needs GPU engines (gpusPerEngine >= 1); use method gloo or disk for CPU engines"
 )
 ENGINE_IMMUTABLE_MSG = "spec.inference.engine is immutable; create a new RLJob to switch engines"
 GPUS_PER_ENGINE_IMMUTABLE_MSG = "spec.inference.gpusPerEngine is immutable; create a new RLJob to change the cell shape"

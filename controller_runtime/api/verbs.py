@@ -131,7 +131,8 @@ async def _start_update_weights(c: Any, req: StartUpdateRequest) -> UpdateWindow
 
 
 async def _end_update_weights(c: Any, req: EndUpdateRequest) -> CellsResponse:
-    await c.end_update_weights(req.snapshot, weight_version=req.weight_version)
+    await c.end_update_weights(req.snapshot, weight_version=req.weight_version,
+                               expected_checksums=req.expected_checksums)
     return cells_response(c)
 
 

@@ -16,7 +16,10 @@ from controller_runtime.api.spec import MemoryTag, PauseMode
 from controller_runtime.clients.completions import Completion, completion_request, parse_completion
 from controller_runtime.clients.http import DEFAULT_TIMEOUT_S, EngineHTTP, expect_field, expect_object
 from controller_runtime.clients.prometheus import parse_prometheus
+from controller_runtime.engine_extensions import WEIGHT_TRANSFER_EXTENSION
 from controller_runtime.errors import EngineError, EngineProtocolError
+
+__all__ = ["WEIGHT_TRANSFER_EXTENSION", "VLLMClient"]
 
 # Tags vLLM's wake_up understands; CUDA graphs are rebuilt with the KV cache.
 _VLLM_WAKE_TAGS = {
@@ -175,6 +178,48 @@ class VLLMClient:
     async def reload_weights(self, path: str, *, timeout_s: float | None = None) -> None:
         """Swap in the safetensors under `path` (same architecture) via the workers' reload_weights."""
         await self.collective_rpc("reload_weights", kwargs={"weights_path": path}, timeout_s=timeout_s)
+
+    # -- process-group weight transfer (rljob_client.vllm_worker_extension) ------------------
+
+    async def init_weight_transfer(
+        self,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        *,
+        backend: str = "gloo",
+        group_name: str = "rljob-weights",
+        transfer_timeout_s: float = 60.0,
+    ) -> list[Any]:
+        """Every worker joins the trainer's group (ranks rank_offset + worker rank); needs the
+        engine started with `--worker-extension-cls` (WEIGHT_TRANSFER_EXTENSION)."""
+        kwargs = {"master_address": master_address, "master_port": master_port, "rank_offset": rank_offset,
+                  "world_size": world_size, "backend": backend, "group_name": group_name,
+                  "timeout_s": transfer_timeout_s}
+        return await self.collective_rpc("init_weight_transfer", kwargs=kwargs,
+                                         timeout_s=transfer_timeout_s + self._http.timeout)
+
+    async def receive_weights(self, plan_json: str, *, transfer_timeout_s: float = 60.0, digest: bool = False,
+                              timeout_s: float | None = None) -> list[Any]:
+        """Workers receive the buckets of `plan_json` while the trainer broadcasts them; answers
+        when every bucket is loaded (one summary per worker). `digest`: keep per-tensor sha256s."""
+        kwargs = {"plan": plan_json, "timeout_s": transfer_timeout_s, "digest": digest}
+        return await self.collective_rpc("receive_weights", kwargs=kwargs, timeout_s=timeout_s)
+
+    async def received_checksums(self) -> dict[str, str]:
+        """tensor -> sha256 of what the last process-group update loaded, merged over workers
+        (every worker receives whole tensors; two that disagree make the tensor unreadable)."""
+        merged: dict[str, str] = {}
+        for worker in await self.collective_rpc("received_weight_checksums"):
+            if not isinstance(worker, dict):
+                raise EngineProtocolError(self.endpoint, f"received_weight_checksums: {type(worker).__name__}")
+            for name, digest in worker.items():
+                merged[str(name)] = str(digest) if merged.get(str(name), str(digest)) == str(digest) else "<workers disagree>"
+        return merged
+
+    async def close_weight_transfer(self) -> None:
+        await self.collective_rpc("close_weight_transfer")
 
     async def weight_info(self) -> dict[str, Any]:
         return expect_object(self.endpoint, "/weight_info", await self._http.get_json("/weight_info"))

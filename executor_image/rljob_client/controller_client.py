@@ -154,6 +154,7 @@ class WeightUpdateWindow:
     lock: LockStatus
     weight_version: str | None = None
     pushed: list[str] = field(default_factory=list)
+    expected_checksums: dict[str, str] | None = None  # set by a transport that can be checked by tensor
 
     @classmethod
     def from_response(cls, resp: UpdateWindowResponse, weight_version: str | None) -> WeightUpdateWindow:
@@ -181,7 +182,8 @@ class ControllerClient(Protocol):
 
     async def start_update_weights(self, holder: str, ready_timeout: float | None = None) -> UpdateWindowResponse: ...
 
-    async def end_update_weights(self, snapshot: dict[str, int], weight_version: str | None = None) -> None: ...
+    async def end_update_weights(self, snapshot: dict[str, int], weight_version: str | None = None,
+                                 expected_checksums: dict[str, str] | None = None) -> None: ...
 
     async def abort_update_weights(self, snapshot: dict[str, int]) -> list[str]: ...
 
@@ -252,8 +254,10 @@ class _VerbClient:
         request = StartUpdateRequest(holder=holder, ready_timeout_seconds=ready_timeout)
         return await self._answer("start_update_weights", request, UpdateWindowResponse, waits=ready_timeout or 0.0)
 
-    async def end_update_weights(self, snapshot: dict[str, int], weight_version: str | None = None) -> None:
-        await self._call("end_update_weights", EndUpdateRequest(snapshot=snapshot, weight_version=weight_version))
+    async def end_update_weights(self, snapshot: dict[str, int], weight_version: str | None = None,
+                                 expected_checksums: dict[str, str] | None = None) -> None:
+        await self._call("end_update_weights", EndUpdateRequest(snapshot=snapshot, weight_version=weight_version,
+                                                                expected_checksums=expected_checksums))
 
     async def abort_update_weights(self, snapshot: dict[str, int]) -> list[str]:
         resp = await self._answer("abort_update_weights", AbortUpdateRequest(snapshot=snapshot), AbortUpdateResponse)
@@ -278,7 +282,11 @@ class _VerbClient:
                 log.error("aborting the update window failed: %s (the lock expires at %s)", abort_exc,
                           window.lock.expires)
             raise
-        await self.end_update_weights(window.snapshot, window.weight_version)
+        if window.expected_checksums is None:
+            await self.end_update_weights(window.snapshot, window.weight_version)
+        else:
+            await self.end_update_weights(window.snapshot, window.weight_version,
+                                          expected_checksums=window.expected_checksums)
 
 
 # -- HTTP ----------------------------------------------------------------------------------

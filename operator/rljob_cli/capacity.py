@@ -55,9 +55,9 @@ def local_mode_problems(spec: RLJobSpec, available_bytes: int) -> list[str]:
             + f") but {available_bytes / GIB:.1f} GiB is available; {hint} "
             "(and spec.inference.gpusPerEngine: 0)"
         )
-    if inf.weight_update.method != WeightUpdateMethod.disk:
-        problems.append(f"spec.inference.weightUpdate.method is {inf.weight_update.method}: local mode syncs weights "
-                        "by disk; set method: disk")
+    if inf.weight_update.method is WeightUpdateMethod.nccl:
+        problems.append(f"spec.inference.weightUpdate.method is {inf.weight_update.method}: local mode runs CPU "
+                        "engines; set method: gloo (the same broadcast on CPU) or disk")
     if trainer.workload_ref is not None or trainer.command:
         problems.append("spec.trainer: local mode runs the reference trainer; remove workloadRef/command")
     if not 1 <= trainer.replicas <= MAX_LOCAL_TRAINER_RANKS:

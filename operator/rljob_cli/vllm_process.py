@@ -21,6 +21,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from controller_runtime.engine_extensions import WEIGHT_TRANSFER_EXTENSION
+
 BYTES_PER_CPU_ENGINE = int(3.3 * 2**30)
 DEFAULT_KV_CACHE_GIB = 1
 
@@ -38,6 +40,8 @@ class VLLMArgs:
     served_model_name: str | None = None
     seed: int | None = None
     extra_args: Sequence[str] = ()
+    # Loaded always: inert until the trainer calls it (weightUpdate.method gloo/nccl).
+    worker_extension: str | None = WEIGHT_TRANSFER_EXTENSION
     python: str = field(default_factory=lambda: sys.executable)
 
 
@@ -59,6 +63,8 @@ def vllm_command(args: VLLMArgs) -> list[str]:
         cmd += ["--served-model-name", args.served_model_name]
     if args.seed is not None:
         cmd += ["--seed", str(args.seed)]
+    if args.worker_extension:
+        cmd += ["--worker-extension-cls", args.worker_extension]
     return cmd + list(args.extra_args)
 
 

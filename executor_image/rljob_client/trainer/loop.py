@@ -138,6 +138,9 @@ class LoopConfig:
     weight_update_method: WeightUpdateMethod = WeightUpdateMethod.disk
     ready_timeout_seconds: float | None = None  # a window waits this long for starting cells (None: not at all)
     push_concurrency: int = DEFAULT_PUSH_CONCURRENCY  # engines of one window pushed at once
+    bucket_bytes: int = 512 * 2**20  # gloo/nccl broadcast buckets
+    transfer_timeout_seconds: float = 120.0  # gloo/nccl: bound on the group and each broadcast
+    check_weights: bool = False  # weightUpdate.checkWeights: the trainer sends its checksums too
 
     @classmethod
     def from_spec(cls, spec: RLJobSpec, *, steps: int | None = None, sync_dir: str | os.PathLike[str] | None = None,
@@ -161,6 +164,9 @@ class LoopConfig:
             fleet_timeout_seconds=inf.health_check.startup_deadline_seconds,
             weight_update_method=inf.weight_update.method,
             ready_timeout_seconds=inf.weight_update.ready_timeout_seconds,
+            bucket_bytes=inf.weight_update.bucket_megabytes * 2**20,
+            transfer_timeout_seconds=inf.weight_update.transfer_timeout_seconds,
+            check_weights=inf.weight_update.check_weights,
         )
 
 
@@ -220,7 +226,8 @@ class TrainingLoop:
         self.transport = transport or make_transport(config.weight_update_method, TransportContext(
             engines=engines, pause_mode=config.pause_mode, sync_dir=config.sync_dir,
             source_model_dir=Path(policy.model_dir), keep_versions=config.keep_versions,
-            concurrency=config.push_concurrency, writer=writer,
+            concurrency=config.push_concurrency, writer=writer, bucket_bytes=config.bucket_bytes,
+            transfer_timeout_seconds=config.transfer_timeout_seconds, check_weights=config.check_weights,
         ))
         self.writer = self.transport.writer if isinstance(self.transport, DiskTransport) else writer
         self.ranks: RankSync = ranks or SingleRank()

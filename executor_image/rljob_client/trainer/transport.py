@@ -40,6 +40,7 @@ from controller_runtime.api.control import EngineEndpoint
 from controller_runtime.api.spec import PauseMode, WeightUpdateMethod
 from controller_runtime.ports import EngineClient
 from rljob_client.controller_client import WeightUpdateWindow
+from rljob_client.trainer.distributed_transport import gloo_transport, nccl_transport
 from rljob_client.trainer.weights import DiskWeightWriter
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,9 @@ class TransportContext:
     keep_versions: int = 2
     concurrency: int = DEFAULT_PUSH_CONCURRENCY
     writer: DiskWeightWriter | None = None
+    bucket_bytes: int = 512 * 2**20  # gloo/nccl: weightUpdate.bucketMegabytes
+    transfer_timeout_seconds: float = 120.0  # gloo/nccl: weightUpdate.transferTimeoutSeconds
+    check_weights: bool = False  # send the trainer's checksums for the controller to compare
 
 
 async def push_from_disk(client: EngineClient, path: str, version: int, pause_mode: PauseMode) -> None:
@@ -139,6 +143,8 @@ class DiskTransport:
 
 TRANSPORTS: dict[WeightUpdateMethod, Callable[[TransportContext], WeightTransport]] = {
     WeightUpdateMethod.disk: DiskTransport,
+    WeightUpdateMethod.gloo: gloo_transport,
+    WeightUpdateMethod.nccl: nccl_transport,
 }
 
 

@@ -34,6 +34,7 @@ import shlex
 from typing import Any
 
 from controller_runtime.api.spec import Engine, InferenceSpec, WeightUpdateMethod
+from controller_runtime.engine_extensions import WEIGHT_TRANSFER_EXTENSION
 from controller_runtime.ports import CellRequest
 from rljob_operator import labels as L
 from rljob_operator.manifests.job import JobView
@@ -91,6 +92,9 @@ def _vllm_server_args(job: JobView, distributed: bool) -> list[str]:
         args.append("--enable-sleep-mode")
     if inf.weight_update.method == WeightUpdateMethod.nccl:
         args += ["--weight-transfer-config", json.dumps({"backend": "nccl"}, separators=(",", ":"))]
+    if inf.weight_update.method in (WeightUpdateMethod.nccl, WeightUpdateMethod.gloo):
+        # the trainer's broadcast lands in rljob_client's worker extension (the engine image must ship it)
+        args += ["--worker-extension-cls", WEIGHT_TRANSFER_EXTENSION]
     return args + list(inf.engine_args)
 
 

@@ -1,0 +1,191 @@
+"""vLLM worker extension: receive weights from the trainer over a process group of its own.
+
+Loaded with `--worker-extension-cls rljob_client.vllm_worker_extension.WeightTransferExtension`
+(vLLM mixes the class into its worker) and driven through `/collective_rpc`, which runs a
+method on every worker of the engine and answers when all returned:
+
+- `init_weight_transfer(master_address, master_port, rank_offset, world_size, backend,
+  group_name, timeout_s)`: join the trainer's group. The group is built directly on a
+  TCPStore, never through `init_process_group`, so it is not vLLM's own world (the engine's
+  TP/PP groups stay as they are). The trainer is rank 0; this worker is `rank_offset` plus its
+  rank inside the engine.
+- `receive_weights(plan, timeout_s)`: for each bucket of the plan (names, dtypes, shapes and
+  offsets, sent in the call itself), receive the trainer's broadcast of one flat buffer and
+  hand its tensors to the model's `load_weights` (which shards them for this worker's TP rank).
+- `received_weight_checksums()`: sha256 per tensor of what the last receive loaded (asked for
+  with `digest`), for the controller's check against the trainer's expected checksums.
+- `close_weight_transfer()`: leave the group; the next window forms a new one.
+
+Nothing here runs until called, so the extension is loaded into every engine (it is inert for
+the disk method). The same code serves `gloo` on CPU and `nccl` on GPUs (buffers on the
+worker's device). The collectives' timeout bounds every call: a peer that dies or a group that
+never forms makes the call fail after `timeout_s` instead of hanging the engine; a failed
+receive leaves the model half-updated, so it also leaves the group and the caller aborts the
+window (the controller then recreates the engine).
+
+Imports: torch, the standard library and `rljob_client.weight_buckets` only (this module
+runs inside the vLLM worker process).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.distributed import PrefixStore, TCPStore
+
+from rljob_client.weight_buckets import Bucket, tensor_digest, unpack_bucket
+
+log = logging.getLogger(__name__)
+
+
+def new_process_group(
+    backend: str, store: Any, rank: int, world_size: int, timeout_s: float
+) -> Any:
+    """A ProcessGroupGloo/ProcessGroupNCCL over `store`, outside torch's default world."""
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if backend == "gloo":
+        return torch.distributed.ProcessGroupGloo(store, rank, world_size, timeout)
+    if backend == "nccl":
+        opts = torch.distributed.ProcessGroupNCCL.Options()
+        opts._timeout = timeout
+        return torch.distributed.ProcessGroupNCCL(store, rank, world_size, opts)
+    raise ValueError(f"unknown weight-transfer backend {backend!r} (gloo or nccl)")
+
+
+def broadcast_from(group: Any, tensor: torch.Tensor, root: int = 0, timeout_s: float | None = None) -> None:
+    opts = torch.distributed.BroadcastOptions()
+    opts.rootRank = root
+    work = group.broadcast([tensor], opts)
+    if timeout_s is None:
+        work.wait()
+    else:
+        work.wait(datetime.timedelta(seconds=timeout_s))
+
+
+def connect_store(address: str, port: int, world_size: int, is_master: bool, timeout_s: float) -> Any:
+    return TCPStore(address, port, world_size, is_master, timeout=datetime.timedelta(seconds=timeout_s),
+                    wait_for_workers=False)
+
+
+class WeightTransferExtension:
+    """Mixed into vLLM's worker; `self` is the worker (model_runner, device, rank)."""
+
+    _rljob_group: Any = None
+    _rljob_store: Any = None
+    _rljob_backend: str = "gloo"
+    _rljob_timeout_s: float = 60.0
+    _rljob_received: dict[str, str] = {}
+
+    def _rljob_worker_rank(self) -> int:
+        rank = getattr(self, "rank", 0)
+        return int(rank) if isinstance(rank, int) else 0
+
+    def _rljob_device(self) -> torch.device:
+        if self._rljob_backend == "nccl":
+            device = getattr(self, "device", None)
+            return device if isinstance(device, torch.device) else torch.device("cuda")
+        return torch.device("cpu")
+
+    def init_weight_transfer(
+        self,
+        master_address: str,
+        master_port: int | str,
+        rank_offset: int | str,
+        world_size: int | str,
+        backend: str = "gloo",
+        group_name: str = "rljob-weights",
+        timeout_s: float | str = 60.0,
+    ) -> dict[str, Any]:
+        self.close_weight_transfer()
+        rank = int(rank_offset) + self._rljob_worker_rank()
+        timeout = float(timeout_s)
+        started = time.monotonic()
+        store = connect_store(master_address, int(master_port), int(world_size), False, timeout)
+        self._rljob_backend = backend
+        self._rljob_timeout_s = timeout
+        self._rljob_store = store
+        self._rljob_group = new_process_group(backend, PrefixStore(group_name, store), rank, int(world_size), timeout)
+        # the trainer's handshake: returns once every rank is connected (or fails at the timeout)
+        broadcast_from(self._rljob_group, torch.zeros(1, dtype=torch.uint8, device=self._rljob_device()), 0, timeout)
+        log.info("weight transfer: joined %s as rank %d of %d (%s) in %.2f s", group_name, rank, world_size,
+                 backend, time.monotonic() - started)
+        return {"rank": rank, "world_size": int(world_size), "backend": backend}
+
+    def receive_weights(self, plan: str | list[dict[str, Any]], timeout_s: float | str | None = None,
+                        digest: bool | str = False) -> dict[str, Any]:
+        """Receive every bucket of `plan` (JSON: a list of buckets) and load it.
+
+        With `digest`, the sha256 of every tensor as received is kept for
+        `received_weight_checksums` (the trainer's expected checksums are over the same bytes;
+        the engine's own parameters are in kernel layout and cannot be compared with them).
+        """
+        group = self._rljob_group
+        if group is None:
+            raise RuntimeError("receive_weights before init_weight_transfer")
+        buckets = [Bucket.from_wire(b) for b in (json.loads(plan) if isinstance(plan, str) else plan)]
+        timeout = float(timeout_s) if timeout_s is not None else self._rljob_timeout_s
+        device = self._rljob_device()
+        started = time.monotonic()
+        counts = {"tensors": 0, "bytes": 0}
+        want_digest = digest is True or str(digest).lower() == "true"
+        digests: dict[str, str] = {}
+        self._rljob_received = {}
+
+        def received() -> Iterator[tuple[str, torch.Tensor]]:
+            for bucket in buckets:
+                buf = torch.empty(bucket.nbytes, dtype=torch.uint8, device=device)
+                broadcast_from(group, buf, 0, timeout)
+                counts["bytes"] += bucket.nbytes
+                for name, tensor in unpack_bucket(bucket, buf):
+                    counts["tensors"] += 1
+                    if want_digest:
+                        digests[name] = tensor_digest(tensor)
+                    yield name, tensor
+
+        try:
+            # vLLM's in-place reload (what reload_weights from disk runs) over a stream of
+            # buckets: it restores the loaders that post-processing removed, loads, re-processes.
+            self.model_runner.reload_weights(weights_iterator=received(), is_checkpoint_format=True)  # type: ignore[attr-defined]
+        except BaseException:
+            # The model may hold part of the new weights: leave the group so that nothing
+            # waits on it, and let the caller abort the window (the engine is recreated).
+            self.close_weight_transfer()
+            self._rljob_finish_interrupted_reload()
+            raise
+        tensors, nbytes = counts["tensors"], counts["bytes"]
+        self._rljob_received = digests
+        return {"tensors": tensors, "bytes": nbytes, "seconds": round(time.monotonic() - started, 4)}
+
+    def _rljob_finish_interrupted_reload(self) -> None:
+        """Close the layerwise reload an interrupted stream left open (its loaders stay wrapped
+        otherwise, and every later reload fails): layers that got their tensors are processed,
+        the others get their old kernel tensors back. The weights are then a mix of two
+        versions, so the engine stays paused until the next complete update or its recreation."""
+        try:
+            from vllm.model_executor.model_loader.reload.layerwise import finalize_layerwise_reload
+
+            finalize_layerwise_reload(self.model_runner.get_model(), self.vllm_config.model_config)  # type: ignore[attr-defined]
+        except Exception as exc:
+            log.warning("weight transfer: could not close the interrupted reload: %s", exc)
+
+    def received_weight_checksums(self) -> dict[str, str]:
+        """tensor -> sha256 of the bytes the last completed `receive_weights(digest=True)` loaded."""
+        return dict(self._rljob_received)
+
+    def close_weight_transfer(self) -> bool:
+        had = self._rljob_group is not None
+        group, self._rljob_group, self._rljob_store = self._rljob_group, None, None
+        if group is not None:
+            shutdown = getattr(group, "shutdown", None)
+            if callable(shutdown):
+                try:
+                    shutdown()
+                except Exception as exc:  # a broken group may refuse to shut down cleanly
+                    log.warning("weight transfer: group shutdown failed: %s", exc)
+        return had
