@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -93,10 +94,11 @@ def compare(sync: dict[str, Any], overlap: dict[str, Any]) -> dict[str, Any]:
 
 # ---- real mode ---------------------------------------------------------------------------------
 
-def run_job(manifest: Path, out: Path, steps: int, overlap: bool) -> dict[str, Any]:
+def run_job(manifest: Path, out: Path, steps: int, overlap: bool, trainer_threads: int = 0) -> dict[str, Any]:
     started = time.monotonic()
+    env = dict(os.environ, **({"OMP_NUM_THREADS": str(trainer_threads)} if trainer_threads else {}))
     proc = subprocess.run([sys.executable, "-c", RUN, str(manifest), str(out), str(steps), "on" if overlap else "off",
-                           str(ROOT)], cwd=ROOT, capture_output=True, text=True)
+                           str(ROOT)], cwd=ROOT, capture_output=True, text=True, env=env)
     summary_path = out / "summary.json"
     if proc.returncode != 0 or not summary_path.exists():
         raise RuntimeError(f"rljob run {manifest.name} (overlap {overlap}) exited {proc.returncode}:\n"
@@ -140,7 +142,8 @@ def cells_manifest(tmp: Path, cells: int) -> Path:
 
 def real(args: argparse.Namespace) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="overlap-bench-"))
-    runs = {name: run_job(TINY, tmp / name, args.steps, overlap) for name, overlap in (("sync", False), ("overlap", True))}
+    runs = {name: run_job(TINY, tmp / name, args.steps, overlap, args.trainer_threads)
+            for name, overlap in (("sync", False), ("overlap", True))}
     modes = {name: mode_report(s["per_step"]) for name, s in runs.items()}
     windows: dict[str, Any] = {"1": window_report(window_seconds(tmp / "sync"))}
     skipped: dict[str, str] = {}
@@ -154,7 +157,7 @@ def real(args: argparse.Namespace) -> dict[str, Any]:
         run_job(cells_manifest(tmp, cells), out, args.window_steps, False)
         windows[str(cells)] = window_report(window_seconds(out))
     return {"bench": "overlap", "mode": "real", "job": str(TINY.relative_to(ROOT)), "steps": args.steps,
-            "modes": modes, **compare(modes["sync"], modes["overlap"]), "window_by_cells": windows,
+            "trainer_threads": args.trainer_threads or None, "modes": modes, **compare(modes["sync"], modes["overlap"]), "window_by_cells": windows,
             "window_cells_skipped": skipped, "out": str(tmp),
             "wall_seconds": {name: s["wall_seconds"] for name, s in runs.items()}}
 
@@ -245,10 +248,10 @@ async def smoke_mode(overlap: bool, steps: int, generate_s: float, train_s: floa
 
 
 def smoke(args: argparse.Namespace) -> dict[str, Any]:
-    tmp = Path(tempfile.mkdtemp(prefix="overlap-bench-smoke-"))
     steps, generate_s, train_s = 6, 0.25, 0.25
-    modes = {name: asyncio.run(smoke_mode(overlap, steps, generate_s, train_s, tmp))
-             for name, overlap in (("sync", False), ("overlap", True))}
+    with tempfile.TemporaryDirectory(prefix="overlap-bench-smoke-") as tmp:
+        modes = {name: asyncio.run(smoke_mode(overlap, steps, generate_s, train_s, Path(tmp)))
+                 for name, overlap in (("sync", False), ("overlap", True))}
     return {"bench": "overlap", "mode": "smoke", "steps": steps, "generate_seconds": generate_s,
             "train_seconds": train_s, "modes": modes, **compare(modes["sync"], modes["overlap"])}
 
@@ -273,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=30, help="steps per mode (the same samples in both)")
     p.add_argument("--cells", type=int, nargs="+", default=[1, 2, 4], help="fleet sizes for the window time")
     p.add_argument("--window-steps", type=int, default=4, help="steps of each extra fleet-size run")
+    p.add_argument("--trainer-threads", type=int, default=0,
+                   help="OMP_NUM_THREADS of the local run's in-process trainer, both modes (0: torch's default)")
     p.add_argument("--json-out")
     args = p.parse_args(argv)
     result = smoke(args) if args.smoke else real(args)
