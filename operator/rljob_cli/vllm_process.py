@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from controller_runtime.engine_extensions import WEIGHT_TRANSFER_EXTENSION
+from controller_runtime.engine_extensions import VLLM_LOGPROBS_ARGS, WEIGHT_TRANSFER_EXTENSION
 
 BYTES_PER_CPU_ENGINE = int(3.3 * 2**30)
 DEFAULT_KV_CACHE_GIB = 1
@@ -56,6 +56,7 @@ def vllm_command(args: VLLMArgs) -> list[str]:
         "--max-model-len", str(args.max_model_len),
         "--enforce-eager",
         "--disable-uvicorn-access-log",
+        *VLLM_LOGPROBS_ARGS,
     ]
     if args.tokenizer:
         cmd += ["--tokenizer", args.tokenizer]

@@ -313,3 +313,28 @@ async def test_an_http_error_status_is_engine_http_error() -> None:
             assert err.value.status == 503 and err.value.body == "dead"
         finally:
             await client.close()
+
+
+@pytestmark_vllm
+async def test_logprobs_are_those_of_the_sampling_distribution(vllm: VLLMClient, tiny_model_dir: Path) -> None:
+    """The trainer's off-policy ratio divides by the engine's logprob of each sampled token, so
+    the engine must report log softmax(logits / T) (vLLM --logprobs-mode processed_logprobs),
+    not the raw model logprob that vLLM reports by default."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    prompt, temperature = [5, 6, 7, 8], 0.25
+    reply = await vllm.completions(prompt, max_tokens=6, temperature=temperature, seed=3, ignore_eos=True)
+    choice = reply.choices[0]
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    ids = torch.tensor([prompt + list(choice.token_ids)])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1]
+    sampled = torch.tensor(choice.token_ids)
+
+    def at(t: float) -> torch.Tensor:
+        return torch.log_softmax(logits / t, dim=-1).gather(-1, sampled[:, None])[:, 0]
+
+    engine = torch.tensor(choice.logprobs)
+    processed, raw = (engine - at(temperature)).abs().max(), (engine - at(1.0)).abs().max()
+    assert processed < 0.1 and processed < raw / 4, f"engine {engine} T={temperature} {at(temperature)} raw {at(1.0)}"

@@ -34,7 +34,7 @@ import shlex
 from typing import Any
 
 from controller_runtime.api.spec import Engine, InferenceSpec, WeightUpdateMethod
-from controller_runtime.engine_extensions import WEIGHT_TRANSFER_EXTENSION
+from controller_runtime.engine_extensions import VLLM_LOGPROBS_ARGS, WEIGHT_TRANSFER_EXTENSION
 from controller_runtime.ports import CellRequest
 from rljob_operator import labels as L
 from rljob_operator.manifests.job import JobView
@@ -81,6 +81,7 @@ def _vllm_server_args(job: JobView, distributed: bool) -> list[str]:
         "--model", model_path(job.spec.model),
         "--host", "$(POD_IP)",
         "--port", str(inf.port),
+        *VLLM_LOGPROBS_ARGS,
         "--tensor-parallel-size", str(tp),
         "--pipeline-parallel-size", str(pp),
     ]  # fmt: skip
