@@ -74,11 +74,12 @@ def plot_rewards(out_dir: Path, records: Sequence[StepRecord], title: str, evals
     lo = [m - r.reward_std for m, r in zip(means, records, strict=True)]
     hi = [m + r.reward_std for m, r in zip(means, records, strict=True)]
     ax.fill_between(steps, lo, hi, alpha=0.2, label="± std over samples")
-    scored = [e for e in evals if not e.skipped and e.reward is not None and e.pass_at_1 is not None]
+    scored = [(e.step, e.reward, e.pass_at_1) for e in evals
+              if not e.skipped and e.reward is not None and e.pass_at_1 is not None]
     if scored:
-        ax.plot([e.step for e in scored], [e.reward for e in scored], marker="s", markersize=5,
+        ax.plot([s for s, _, _ in scored], [r for _, r, _ in scored], marker="s", markersize=5,
                 label="eval: mean reward")
-        ax.plot([e.step for e in scored], [e.pass_at_1 for e in scored], marker="^", markersize=5, linestyle="--",
+        ax.plot([s for s, _, _ in scored], [p for _, _, p in scored], marker="^", markersize=5, linestyle="--",
                 label="eval: pass@1")
     ax.set_xlabel("step")
     ax.set_ylabel("reward")

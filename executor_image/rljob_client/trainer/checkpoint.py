@@ -148,7 +148,7 @@ def _unique_tensors(model: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Ten
     aliases: dict[str, str] = {}
     first: dict[tuple[int, int, tuple[int, ...], tuple[int, ...]], str] = {}
     for name, t in model.items():
-        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()))
+        key = (t.untyped_storage().data_ptr(), int(t.storage_offset()), tuple(t.shape), tuple(t.stride()))
         if key in first:
             aliases[name] = first[key]
             continue
