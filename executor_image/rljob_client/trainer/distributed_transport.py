@@ -19,12 +19,14 @@ window, which recreates every participant. A failure before any weight moved res
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from rljob_client.weight_broadcast import (
     WeightBroadcaster,
+    WeightReceiver,
     WeightTransferFailed,
     expected_checksums,
     named_tensors,
@@ -41,8 +43,10 @@ log = logging.getLogger(__name__)
 class DistributedTransport:
     """Bucketed broadcast from the writer rank to every engine worker of the window."""
 
-    def __init__(self, context: TransportContext, backend: str) -> None:
+    def __init__(self, context: TransportContext, backend: str,
+                 receiver: Callable[[Any], WeightReceiver] = receiver_for) -> None:
         self.context = context
+        self.receiver = receiver
         self.broadcaster = WeightBroadcaster(
             backend,
             bucket_bytes=context.bucket_bytes,
@@ -58,7 +62,7 @@ class DistributedTransport:
         tensors = named_tensors(model, self.dtype)
         clients = [self.context.engines(e.endpoint) for e in window.engines]
         try:
-            receivers = [receiver_for(c) for c in clients]
+            receivers = [self.receiver(c) for c in clients]
             workers = [max(1, e.gpu_count) for e in window.engines]
             verify = self.context.check_weights
             report = await self.broadcaster.update(receivers, tensors, str(version), workers, digest=verify)
