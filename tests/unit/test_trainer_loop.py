@@ -73,9 +73,10 @@ class RecordingController(LocalControllerClient):
         self.ready_timeouts.append(ready_timeout)
         return await super().start_update_weights(holder, ready_timeout)
 
-    async def end_update_weights(self, snapshot: dict[str, int], weight_version: str | None = None) -> None:
+    async def end_update_weights(self, snapshot: dict[str, int], weight_version: str | None = None,
+                                 expected_checksums: dict[str, str] | None = None) -> None:
         self.journal.calls.append(f"end_update_weights v{weight_version}")
-        await super().end_update_weights(snapshot, weight_version)
+        await super().end_update_weights(snapshot, weight_version, expected_checksums)
 
     async def abort_update_weights(self, snapshot: dict[str, int]) -> list[str]:
         self.journal.calls.append("abort_update_weights")

@@ -3,7 +3,10 @@ without spec.checkWeights; engines that can say what they received are read that
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+from rljob_client.controller_client import WeightUpdateWindow
 
 from controller_runtime.api.control import EndUpdateRequest
 from controller_runtime.api.status import CellState
@@ -13,6 +16,7 @@ from controller_runtime.events import Reason
 from controller_runtime.fakes import FakeEngine
 from controller_runtime.weightcheck import collect_checksums
 from tests.unit.test_controller import bring_up, harness
+from tests.unit.test_trainer_loop import Rig, make_rig
 
 SENT = {"embed.weight": "e1", "layer.0.q_proj.weight": "q1"}
 
@@ -76,3 +80,34 @@ def test_the_end_request_carries_the_checksums_on_the_wire() -> None:
     wire = req.to_wire()
     assert wire["expectedChecksums"] == SENT
     assert EndUpdateRequest.model_validate(wire).expected_checksums == SENT
+
+
+class CheckedTransport:
+    """Pushes nothing, but says which checksums the engines must have received: the first
+    attempt claims a tensor the engines never got, later ones what they did get."""
+
+    def __init__(self, rig: Rig) -> None:
+        self.rig = rig
+        self.attempts = 0
+
+    async def stage(self, model: object, version: int) -> None:
+        return None
+
+    async def push(self, window: WeightUpdateWindow, version: int, model: object) -> None:
+        self.attempts += 1
+        for engine in window.engines:
+            receiving(self.rig.engines(engine.endpoint), SENT)
+            window.pushed.append(engine.cell)
+        window.expected_checksums = {**SENT, "lm_head.weight": "h1"} if self.attempts == 1 else dict(SENT)
+
+    async def close(self) -> None:
+        return None
+
+
+async def test_the_loop_retries_a_window_that_failed_its_check_on_the_recreated_cell(tmp_path: Path) -> None:
+    async for rig in make_rig(tmp_path):
+        rig.loop.transport = CheckedTransport(rig)
+        assert await rig.loop.push(0) == 2
+        assert rig.platform.generation_of("job-cell-0") == 1  # stopped after the failed check, recreated
+        [status] = rig.controller.engine_statuses()
+        assert (status.state, status.weight_version) == (CellState.Serving, "0")

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from controller_runtime.api.spec import Engine, MemoryTag, PauseMode, RLJobSpec, WeightUpdateMethod
 from controller_runtime.api.status import CellState
-from controller_runtime.errors import EngineError
+from controller_runtime.errors import EngineError, WeightCheckMismatch
 from controller_runtime.window import NoReadyEngines
 from rljob_client.controller_client import ControllerClient
 from rljob_client.trainer.evaluation import PolicyEvaluator
@@ -409,7 +409,7 @@ class TrainingLoop:
                     raise WeightSyncFailed(f"no engine could take weights v{version} within "
                                            f"{self.config.fleet_timeout_seconds:g} s: {exc}") from exc
                 self._status(f"weights v{version}: waiting for engines ({exc})")
-            except EngineError as exc:
+            except (EngineError, WeightCheckMismatch) as exc:  # a failed check aborted the window too
                 attempt += 1
                 log.warning("weights v%d: attempt %d failed (%s); window aborted", version, attempt, exc)
                 if attempt >= self.config.max_update_attempts:
