@@ -229,8 +229,9 @@ async def smoke_mode(overlap: bool, steps: int, generate_s: float, train_s: floa
     model.mkdir()
     (model / "config.json").write_text("{}")
     config = LoopConfig(steps=steps, sync_dir=tmp / f"sync-{overlap}", retry_seconds=0.001, rejoin_check_seconds=0.05)
+    policy: Any = Policy(model)  # the loop needs only .model, .model_dir and train_step
     loop = TrainingLoop(replace(config, overlap=overlap), LocalControllerClient(controller, holder="bench"), Executor(),
-                        Policy(model), engines)
+                        policy, engines)
     stop = asyncio.Event()
 
     async def drive() -> None:
