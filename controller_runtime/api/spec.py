@@ -673,6 +673,14 @@ class RLJobSpec(ApiModel):
             raise ValueError(STALE_NEEDS_CORRECTION_MSG)
         return self
 
+    @property
+    def overlaps_generation(self) -> bool:
+        """The trainer generates rollout n+1 while it trains on n (miles train_async): when
+        samples may lag a version and the engines stay up while the trainer trains (colocated
+        engines are offloaded then). One rule for local mode and trainer pods."""
+        colocated = self.trainer.colocate and self.inference.offload.enabled
+        return self.rollout.max_staleness >= 1 and not colocated
+
     def validate_update(self, old: RLJobSpec) -> None:
         """The CRD's transition rules (immutable fields) for callers without an API server.
 

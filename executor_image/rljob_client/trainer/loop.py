@@ -172,8 +172,7 @@ class LoopConfig:
 
 def default_overlap(spec: RLJobSpec) -> bool:
     """Overlap when samples may be a version behind and the engines stay up while the trainer trains."""
-    colocated = spec.trainer.colocate and spec.inference.offload.enabled
-    return spec.rollout.max_staleness >= 1 and not colocated
+    return spec.overlaps_generation
 
 
 @dataclass
