@@ -32,6 +32,8 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+import queue
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -71,6 +73,53 @@ def broadcast_from(group: Any, tensor: torch.Tensor, root: int = 0, timeout_s: f
 def connect_store(address: str, port: int, world_size: int, is_master: bool, timeout_s: float) -> Any:
     return TCPStore(address, port, world_size, is_master, timeout=datetime.timedelta(seconds=timeout_s),
                     wait_for_workers=False)
+
+
+class ReceiveAhead:
+    """Receives bucket i+1 in a thread while the caller loads bucket i (at most one bucket
+    waits), so the link and the loader overlap; a receive error surfaces in the caller."""
+
+    def __init__(self, group: Any, buckets: list[Bucket], device: torch.device, timeout_s: float) -> None:
+        self.buckets = buckets
+        self.timeout_s = timeout_s
+        self.ready: queue.Queue[tuple[Bucket, torch.Tensor] | BaseException] = queue.Queue(maxsize=1)
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(group, device), name="rljob-receive", daemon=True)
+        self.thread.start()
+
+    def _put(self, item: tuple[Bucket, torch.Tensor] | BaseException) -> None:
+        while not self.stopped.is_set():
+            try:
+                self.ready.put(item, timeout=0.5)
+                return
+            except queue.Full:
+                continue
+
+    def _run(self, group: Any, device: torch.device) -> None:
+        try:
+            for bucket in self.buckets:
+                if self.stopped.is_set():
+                    return
+                buf = torch.empty(bucket.nbytes, dtype=torch.uint8, device=device)
+                broadcast_from(group, buf, 0, self.timeout_s)
+                self._put((bucket, buf))
+        except BaseException as exc:
+            self._put(exc)
+
+    def __iter__(self) -> Iterator[tuple[Bucket, torch.Tensor]]:
+        for _ in self.buckets:
+            try:
+                item = self.ready.get(timeout=self.timeout_s + 5.0)
+            except queue.Empty:
+                raise TimeoutError(f"no bucket within {self.timeout_s:g} s") from None
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def stop(self) -> None:
+        """After the group was closed on failure, the thread's receive ends; never wait long."""
+        self.stopped.set()
+        self.thread.join(self.timeout_s + 5.0)
 
 
 class WeightTransferExtension:
@@ -137,10 +186,10 @@ class WeightTransferExtension:
         digests: dict[str, str] = {}
         self._rljob_received = {}
 
+        ahead = ReceiveAhead(group, buckets, device, timeout)
+
         def received() -> Iterator[tuple[str, torch.Tensor]]:
-            for bucket in buckets:
-                buf = torch.empty(bucket.nbytes, dtype=torch.uint8, device=device)
-                broadcast_from(group, buf, 0, timeout)
+            for bucket, buf in ahead:
                 counts["bytes"] += bucket.nbytes
                 for name, tensor in unpack_bucket(bucket, buf):
                     counts["tensors"] += 1
@@ -158,6 +207,8 @@ class WeightTransferExtension:
             self.close_weight_transfer()
             self._rljob_finish_interrupted_reload()
             raise
+        finally:
+            ahead.stop()
         tensors, nbytes = counts["tensors"], counts["bytes"]
         self._rljob_received = digests
         return {"tensors": tensors, "bytes": nbytes, "seconds": round(time.monotonic() - started, 4)}

@@ -32,6 +32,7 @@ import os
 import socket
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import urlsplit
@@ -369,8 +370,14 @@ class WeightBroadcaster:
                 return None
 
             def send_all() -> None:
-                for bucket in buckets:
-                    group.broadcast(pack_bucket(bucket, tensors, group.device))
+                # pack bucket i+1 while bucket i is on the wire
+                with ThreadPoolExecutor(1, thread_name_prefix="rljob-pack") as pool:
+                    nxt = pool.submit(pack_bucket, buckets[0], tensors, group.device) if buckets else None
+                    for i in range(len(buckets)):
+                        assert nxt is not None
+                        buf = nxt.result()
+                        nxt = pool.submit(pack_bucket, buckets[i + 1], tensors, group.device) if i + 1 < len(buckets) else None
+                        group.broadcast(buf)
 
             await _bounded("broadcast", endpoints, self.timeout_s + 30.0,
                            [asyncio.to_thread(send_all),
