@@ -122,4 +122,4 @@ def unpack_bucket(bucket: Bucket, buf: torch.Tensor) -> list[tuple[str, torch.Te
 
 def tensor_digest(t: torch.Tensor) -> str:
     """sha256 of the tensor's bytes: the digest vLLM's /weight_checker reports per parameter."""
-    return hashlib.sha256(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()).hexdigest()
+    return hashlib.sha256(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().data).hexdigest()
