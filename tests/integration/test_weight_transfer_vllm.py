@@ -117,14 +117,9 @@ def window_of(client: VLLMClient) -> WeightUpdateWindow:
     return WeightUpdateWindow(engines=[engine], snapshot={"test-cell-0": 1}, lock=lock)
 
 
-def transport(endpoint_clients: dict[str, VLLMClient], tmp: Path, *, check: bool) -> DistributedTransport:
-    class Borrowed(VLLMClient):
-        async def close(self) -> None:  # the test's client outlives the push
-            return None
-
-    def engines(endpoint: str) -> VLLMClient:
-        c = Borrowed(endpoint, timeout=TIMEOUT_S)
-        return c
+def transport(tmp: Path, *, check: bool) -> DistributedTransport:
+    def engines(endpoint: str) -> VLLMClient:  # the transport closes the clients it opens
+        return VLLMClient(endpoint, timeout=TIMEOUT_S)
 
     ctx = TransportContext(engines=engines, pause_mode=PauseMode.wait, sync_dir=tmp, source_model_dir=tmp,
                            bucket_bytes=64 * 1024, transfer_timeout_seconds=30.0, check_weights=check)
@@ -138,7 +133,7 @@ async def test_gloo_update_serves_the_trainers_greedy_tokens_and_equals_a_disk_r
         model = trainer_model(tiny_model_dir, seed=10 + step)
         prompt, expected = await asyncio.to_thread(clear_prompt, model)
         window = window_of(vllm)
-        await transport({}, tmp_path, check=True).push(window, 5 + step, model)
+        await transport(tmp_path, check=True).push(window, 5 + step, model)
         assert window.pushed == ["test-cell-0"]
         assert await vllm.get_weight_version() == str(5 + step)
         assert await vllm.is_paused() is False
