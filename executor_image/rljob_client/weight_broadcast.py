@@ -106,14 +106,28 @@ class WeightReceiver(Protocol):
     async def set_weight_version(self, version: str) -> None: ...
 
 
-class VLLMReceiver:
+class _EngineControl:
+    """Pause, resume and the weight version: the same calls on every engine client."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.endpoint: str = client.endpoint
+
+    async def pause(self, mode: PauseMode) -> None:
+        await self.client.pause(mode)
+
+    async def resume(self) -> None:
+        await self.client.resume()
+
+    async def set_weight_version(self, version: str) -> None:
+        await self.client.set_weight_version(version)
+
+
+class VLLMReceiver(_EngineControl):
     """vLLM with the rljob worker extension: the whole plan in one `receive_weights` call."""
 
     framing = "packed"
-
-    def __init__(self, client: VLLMClient) -> None:
-        self.client = client
-        self.endpoint = client.endpoint
+    client: VLLMClient
 
     async def join(self, group: GroupAddress, rank_offset: int) -> None:
         await self.client.init_weight_transfer(group.master_address, group.master_port, rank_offset,
@@ -129,17 +143,8 @@ class VLLMReceiver:
     async def leave(self) -> None:
         await self.client.close_weight_transfer()
 
-    async def pause(self, mode: PauseMode) -> None:
-        await self.client.pause(mode)
 
-    async def resume(self) -> None:
-        await self.client.resume()
-
-    async def set_weight_version(self, version: str) -> None:
-        await self.client.set_weight_version(version)
-
-
-class SGLangReceiver:
+class SGLangReceiver(_EngineControl):
     """SGLang's native routes: one `update_weights_from_distributed` call per bucket.
 
     Driven at the route level only (tests/integration/test_sglang_client.py's stand-in); the
@@ -147,10 +152,10 @@ class SGLangReceiver:
     """
 
     framing = "per_tensor"
+    client: SGLangClient
 
     def __init__(self, client: SGLangClient) -> None:
-        self.client = client
-        self.endpoint = client.endpoint
+        super().__init__(client)
         self._group_name = DEFAULT_GROUP_NAME
 
     async def join(self, group: GroupAddress, rank_offset: int) -> None:
@@ -170,15 +175,6 @@ class SGLangReceiver:
 
     async def leave(self) -> None:
         """SGLang keeps its group until the server restarts; nothing to call."""
-
-    async def pause(self, mode: PauseMode) -> None:
-        await self.client.pause(mode)
-
-    async def resume(self) -> None:
-        await self.client.resume()
-
-    async def set_weight_version(self, version: str) -> None:
-        await self.client.set_weight_version(version)
 
 
 def receiver_for(client: Any) -> WeightReceiver:
