@@ -18,6 +18,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -116,6 +117,18 @@ def transport(fleet: Fleet, *, kill: bool) -> DistributedTransport:
     return DistributedTransport(ctx, "gloo")
 
 
+
+async def assert_serves_the_trainers_weights(fleet: Any, model: Any, version: str) -> None:
+    """The cell serves `version`, and its greedy output is the trainer model's own."""
+    cell = fleet.controller.fleet.cells[f"{JOB}-cell-0"]
+    assert cell.state is CellState.Serving and cell.weight_version == version
+    engine = VLLMClient(cell.endpoint or "", timeout=120.0)
+    try:
+        prompt, expected = await asyncio.to_thread(clear_prompt, model)
+        assert await engine_greedy(engine, prompt) == expected
+    finally:
+        await engine.close()
+
 async def test_an_engine_killed_mid_broadcast_aborts_the_window_and_the_recreated_cell_takes_the_next(
     fleet: Fleet, tiny_model_dir: Path
 ) -> None:
@@ -139,14 +152,7 @@ async def test_an_engine_killed_mid_broadcast_aborts_the_window_and_the_recreate
         assert window.snapshot == {f"{JOB}-cell-0": cell.generation}
         await transport(fleet, kill=False).push(window, 1, model)
         assert window.expected_checksums  # checked by tensor at end_update_weights
-    cell = fleet.controller.fleet.cells[f"{JOB}-cell-0"]
-    assert cell.state is CellState.Serving and cell.weight_version == "1"
-    engine = VLLMClient(cell.endpoint or "", timeout=120.0)
-    try:
-        prompt, expected = await asyncio.to_thread(clear_prompt, model)
-        assert await engine_greedy(engine, prompt) == expected
-    finally:
-        await engine.close()
+    await assert_serves_the_trainers_weights(fleet, model, "1")
 
 
 async def test_a_trainer_that_dies_mid_broadcast_leaves_a_window_that_expires_and_the_next_one_succeeds(
@@ -175,11 +181,4 @@ async def test_a_trainer_that_dies_mid_broadcast_leaves_a_window_that_expires_an
     await wait_for_cell(fleet, window.snapshot[f"{JOB}-cell-0"] + 1)
     async with fleet.client.update_weights(holder="new-trainer", weight_version="1") as next_window:
         await transport(fleet, kill=False).push(next_window, 1, model)
-    cell = fleet.controller.fleet.cells[f"{JOB}-cell-0"]
-    assert cell.state is CellState.Serving and cell.weight_version == "1"
-    engine = VLLMClient(cell.endpoint or "", timeout=120.0)
-    try:
-        prompt, expected = await asyncio.to_thread(clear_prompt, model)
-        assert await engine_greedy(engine, prompt) == expected
-    finally:
-        await engine.close()
+    await assert_serves_the_trainers_weights(fleet, model, "1")
