@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import subprocess
 import textwrap
 
@@ -176,7 +177,8 @@ def test_kubectl_get_describe_and_versions(cluster):
     desc = cluster.kubectl("describe", "node", "gpu-0").stdout
     assert "nvidia.com/gpu=present:NoSchedule" in desc
     assert "nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3" in desc
-    assert "127.10.0.0/24" in desc
+    net = int(os.environ.get("RLJOB_TESTCLUSTER_NET", "0"))
+    assert f"127.{10 + net}.0.0/24" in desc
     helm = cluster.helm("version", "--short").stdout.strip()
     assert helm.startswith("v3.22.0"), helm
     cluster.helm("list", "--all-namespaces")  # helm reaches the API server
