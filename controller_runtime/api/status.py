@@ -39,6 +39,7 @@ class ConditionType(StrEnum):
     Progressing = "Progressing"
     Suspended = "Suspended"
     Failed = "Failed"
+    Admitted = "Admitted"  # only on jobs queued through Kueue (label kueue.x-k8s.io/queue-name)
 
 
 class Condition(ApiModel):
@@ -95,6 +96,17 @@ class EvalStatus(ApiModel):
     time: str | None = Field(default=None, description="When the controller recorded it (RFC 3339).")
 
 
+class QueueStatus(ApiModel):
+    """The job's place in Kueue (jobs labelled kueue.x-k8s.io/queue-name)."""
+
+    name: str = Field(description="The LocalQueue (label kueue.x-k8s.io/queue-name).")
+    workload: str = Field(default="", description="The Workload the job is admitted as.")
+    state: str = Field(description="Pending (waiting for quota), Admitted, Evicted (suspending after a preemption or quota change) or Finished.")
+    reason: str = Field(default="", description="Kueue's reason (e.g. Pending, Preempted, Admitted).")
+    message: str = Field(default="", description="Kueue's message, e.g. why the Workload does not fit.")
+    flavors: dict[str, list[str]] = Field(default_factory=dict, description="ResourceFlavors assigned to each PodSet (engines, executor, trainer).")
+
+
 class RLJobStatus(ApiModel):
     """What the operator observed and did; written by the operator alone."""
 
@@ -114,3 +126,4 @@ class RLJobStatus(ApiModel):
     restarts_total: int = Field(default=0, description="Cell recreations over the job's life.")
     start_time: str | None = Field(default=None, description="When the job started (RFC 3339).")
     completion_time: str | None = Field(default=None, description="When the job Succeeded or Failed (RFC 3339).")
+    queue: QueueStatus | None = Field(default=None, description="Kueue's decision, for jobs queued through Kueue.")

@@ -49,6 +49,7 @@ PRINTER_COLUMNS = [
     {"name": "Ready", "type": "string", "jsonPath": ".status.ready", "description": "Serving engine cells / desired cells."},
     {"name": "Weights", "type": "string", "jsonPath": ".status.weightVersion", "description": "Weight version the serving engines hold."},
     {"name": "Rollout", "type": "integer", "jsonPath": ".status.rolloutId", "description": "Last rollout handed to the trainers."},
+    {"name": "Queue", "type": "string", "jsonPath": ".status.queue.state", "description": "Kueue: Pending, Admitted, Evicted or Finished."},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

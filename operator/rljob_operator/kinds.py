@@ -17,6 +17,15 @@ RAY_GROUP = "ray.io"
 RAY_API_VERSION = f"{RAY_GROUP}/v1"
 RAY_CLUSTER_KIND = "RayCluster"
 
+# Kueue: the Workload an RLJob with a queue-name label is admitted as, and what it refers to.
+KUEUE_GROUP = "kueue.x-k8s.io"
+KUEUE_API_VERSION = f"{KUEUE_GROUP}/v1beta2"
+WORKLOAD_KIND = "Workload"
+RESOURCE_FLAVOR_KIND = "ResourceFlavor"
+WORKLOAD_PRIORITY_CLASS_KIND = "WorkloadPriorityClass"
+PRIORITY_CLASS_API_VERSION = "scheduling.k8s.io/v1"
+PRIORITY_CLASS_KIND = "PriorityClass"
+
 # kind -> resource (plural): everything the operator writes; others fall back to kind+"s".
 PLURALS = {
     "Pod": "pods",
@@ -29,10 +38,15 @@ PLURALS = {
     "Event": "events",
     "Lease": "leases",
     RAY_CLUSTER_KIND: "rayclusters",
+    WORKLOAD_KIND: "workloads",
+    RESOURCE_FLAVOR_KIND: "resourceflavors",
+    WORKLOAD_PRIORITY_CLASS_KIND: "workloadpriorityclasses",
+    PRIORITY_CLASS_KIND: "priorityclasses",
     KIND: PLURAL,
 }
 
 __all__ = [
-    "API_VERSION", "GROUP", "KIND", "LIST_KIND", "PLURAL", "PLURALS", "RAY_API_VERSION", "RAY_CLUSTER_KIND",
-    "RAY_GROUP", "VERSION",
+    "API_VERSION", "GROUP", "KIND", "KUEUE_API_VERSION", "KUEUE_GROUP", "LIST_KIND", "PLURAL", "PLURALS",
+    "PRIORITY_CLASS_API_VERSION", "PRIORITY_CLASS_KIND", "RAY_API_VERSION", "RAY_CLUSTER_KIND", "RAY_GROUP",
+    "RESOURCE_FLAVOR_KIND", "VERSION", "WORKLOAD_KIND", "WORKLOAD_PRIORITY_CLASS_KIND",
 ]

@@ -267,6 +267,30 @@ class KubeApi:
     async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         return await self.call("GET", resource_path("batch/v1", "Job", namespace, name), ok=(404,))
 
+    # ---------------------------------------------------------------- any object (Kueue's Workload, flavors)
+    async def get_object(self, api_version: str, kind: str, namespace: str | None, name: str) -> dict[str, Any] | None:
+        """The object, or None when it does not exist (`namespace=None`: cluster-scoped)."""
+        return await self.call("GET", resource_path(api_version, kind, namespace, name), ok=(404,))
+
+    async def create_object(self, obj: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Create `obj`; None when one of that name exists already (409)."""
+        meta = obj.get("metadata") or {}
+        path = resource_path(obj["apiVersion"], obj["kind"], meta.get("namespace"))
+        return await self.call("POST", path, body=dict(obj), ok=(409,))
+
+    async def delete_object(self, api_version: str, kind: str, namespace: str, name: str) -> None:
+        """Delete it in the background; gone already is success."""
+        body = {"propagationPolicy": "Background"}
+        await self.call("DELETE", resource_path(api_version, kind, namespace, name), body=body, ok=(404,))
+
+    async def patch_object_status(
+        self, api_version: str, kind: str, namespace: str, name: str, patch: dict[str, Any]
+    ) -> dict[str, Any]:
+        """JSON merge patch of the status subresource; a `metadata.resourceVersion` in the patch
+        makes it conditional (409 when someone wrote in between)."""
+        path = resource_path(api_version, kind, namespace, name) + "/status"
+        return await self._object("PATCH", path, body=patch, content_type=MERGE_PATCH)
+
     # ---------------------------------------------------------------- coordination.k8s.io/v1 Lease
     async def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
         return await self.call("GET", resource_path("coordination.k8s.io/v1", "Lease", namespace, name), ok=(404,))

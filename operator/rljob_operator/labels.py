@@ -37,6 +37,10 @@ ROLE_TRAINER = "trainer"
 RAY_CLUSTER = f"{RAY_GROUP}/cluster"
 RAY_NODE_TYPE = f"{RAY_GROUP}/node-type"
 
+# Kueue's labels on the RLJob: the LocalQueue it is admitted through, its WorkloadPriorityClass.
+KUEUE_QUEUE_NAME = "kueue.x-k8s.io/queue-name"
+KUEUE_PRIORITY_CLASS = "kueue.x-k8s.io/priority-class"
+
 # Indexed Job pods carry their index in this annotation (Kubernetes >= 1.28 also as a label).
 JOB_COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 

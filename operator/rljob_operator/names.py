@@ -79,3 +79,14 @@ def trainer_name(job: str) -> str:
 def ray_cluster_name(job: str) -> str:
     """KubeRay RayCluster; KubeRay derives `<name>-head-svc` etc., so leave room for them."""
     return dns_label(job, "-ray", limit=MAX_LABEL - 16)
+
+
+def workload_name(job: str) -> str:
+    """The Kueue Workload of the job: `rljob-<job>`, as Kueue names a Job's `job-<name>-<hash>`."""
+    return dns_label("rljob-" + job, limit=253)
+
+
+# PodSet names of the Workload (DNS labels): one per kind of pod the job runs.
+PODSET_ENGINES = "engines"
+PODSET_EXECUTOR = "executor"
+PODSET_TRAINER = "trainer"

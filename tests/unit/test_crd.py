@@ -74,6 +74,7 @@ def test_printer_columns(crd: dict[str, Any]) -> None:
         ("Ready", "string", ".status.ready"),
         ("Weights", "string", ".status.weightVersion"),
         ("Rollout", "integer", ".status.rolloutId"),
+        ("Queue", "string", ".status.queue.state"),
         ("Age", "date", ".metadata.creationTimestamp"),
     }
 
@@ -83,9 +84,14 @@ def test_printer_columns_point_at_status_fields(schema: dict[str, Any], crd: dic
     for column in crd["spec"]["versions"][0]["additionalPrinterColumns"]:
         root, _, name = column["jsonPath"].lstrip(".").partition(".")
         if root == "status":
-            assert name in status, column
+            *parents, leaf = name.split(".")  # nested fields: status.queue.state
+            props = status
+            for part in parents:
+                assert part in props, column
+                props = props[part]["properties"]
+            assert leaf in props, column
             want = "integer" if column["type"] == "integer" else "string"
-            assert status[name]["type"] == want, column
+            assert props[leaf]["type"] == want, column
 
 
 FORBIDDEN_KEYS = {"$ref", "$defs", "anyOf", "oneOf", "allOf", "not", "title", "const", "definitions"}

@@ -14,11 +14,13 @@ Kubeflow Trainer and JobSet do when a gang's shape changes.
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from controller_runtime.api.spec import RLJobSpec
+from controller_runtime.api.spec import Placement, RLJobSpec, Toleration
 from rljob_operator.kubeapi import Invalid, KubeApiError
+from rljob_operator.kueue import FlavorPlacement, placement_with
 from rljob_operator.manifests import (
     cells_headless_service,
     engines_service,
@@ -27,6 +29,7 @@ from rljob_operator.manifests import (
     ray_cluster,
     trainer_workload,
 )
+from rljob_operator.manifests.podspec import placement_fields
 from rljob_operator.names import trainer_name
 from rljob_operator.reconcile.context import JobContext
 from rljob_operator.reconcile.flow import StepResult
@@ -39,7 +42,7 @@ CHILDREN_RESYNC_SECONDS = 30.0
 class Applied:
     """When the children were last applied, and from which spec generation."""
 
-    generation: int | None
+    generation: Hashable
     at: float
 
 
@@ -53,13 +56,30 @@ class ChildrenSeen:
     trainer_message: str = ""
 
 
-def desired_children(job: dict[str, Any], controller_url: str) -> list[dict[str, Any]]:
+def placed_on(pod_spec: dict[str, Any], flavors: Sequence[FlavorPlacement]) -> dict[str, Any]:
+    """A pod spec with its Kueue flavors' node labels and tolerations added (the executor's:
+    engines and trainers get theirs through their spec's placement)."""
+    if not flavors:
+        return pod_spec
+    own = Placement(
+        node_selector=pod_spec.get("nodeSelector") or {},
+        tolerations=[Toleration.model_validate(t) for t in pod_spec.get("tolerations") or []],
+    )
+    return {**pod_spec, **placement_fields(placement_with(own, flavors))}
+
+
+def desired_children(
+    job: dict[str, Any], controller_url: str, executor_flavors: Sequence[FlavorPlacement] = ()
+) -> list[dict[str, Any]]:
     """Every child object of the job except engine pods (the controller owns those)."""
+    executor = executor_deployment(job, controller_url)
+    template = executor["spec"]["template"]
+    template["spec"] = placed_on(template["spec"], executor_flavors)
     objs = [
         cells_headless_service(job),
         engines_service(job),
         executor_service(job),
-        executor_deployment(job, controller_url),
+        executor,
         *trainer_workload(job, controller_url),
     ]
     rc = ray_cluster(job)
@@ -72,14 +92,19 @@ async def ensure_children(
     job: JobContext,
     spec: RLJobSpec,
     job_object: dict[str, Any],
-    generation: int | None,
+    generation: Hashable,
     controller_url: str,
     applied: Applied | None,
+    executor_flavors: Sequence[FlavorPlacement] = (),
 ) -> ChildrenSeen:
-    """Apply the children when the spec changed or the resync is due; read the trainer's outcome."""
+    """Apply the children when the spec changed or the resync is due; read the trainer's outcome.
+
+    `generation` is whatever changes when the children must be built anew: the spec's
+    generation, and Kueue's admission for a queued job.
+    """
     now = job.clock.now()
     if applied is None or applied.generation != generation or now - applied.at >= CHILDREN_RESYNC_SECONDS:
-        for obj in desired_children(job_object, controller_url):
+        for obj in desired_children(job_object, controller_url, executor_flavors):
             await apply_child(job, obj)
         applied = Applied(generation, now)
     trainer, message = await observe_trainer(job, spec)

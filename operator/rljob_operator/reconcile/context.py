@@ -31,6 +31,16 @@ class JobKube(EventSink, Protocol):
 
     async def patch_rljob_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]: ...
 
+    async def get_object(self, api_version: str, kind: str, namespace: str | None, name: str) -> dict[str, Any] | None: ...
+
+    async def create_object(self, obj: Mapping[str, Any]) -> dict[str, Any] | None: ...
+
+    async def delete_object(self, api_version: str, kind: str, namespace: str, name: str) -> None: ...
+
+    async def patch_object_status(
+        self, api_version: str, kind: str, namespace: str, name: str, patch: dict[str, Any]
+    ) -> dict[str, Any]: ...
+
 
 @dataclass(frozen=True)
 class JobContext:

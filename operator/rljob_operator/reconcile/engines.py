@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
 from pydantic import ValidationError
@@ -74,7 +74,7 @@ class EngineFleet:
         handle: JobHandle,
         wake: Callable[[], None],
         engines: EngineClientFactory | None = None,
-        generation: int | None = None,
+        generation: Hashable = None,
     ) -> None:
         self.job = job
         self.platform = platform
@@ -85,7 +85,7 @@ class EngineFleet:
         self._engines = engines
         self.controller: InferenceController | None = None
         self._inference_spec: InferenceSpec | None = None
-        self._platform_generation = generation  # the spec generation new cells are built from
+        self._platform_generation = generation  # the spec generation (and admission) new cells are built from
 
     def _on_controller_event(self, event: ControllerEvent) -> None:
         if event.reason == Reason.CellReplaced:
@@ -93,8 +93,8 @@ class EngineFleet:
         self.job.recorder.controller_event(event)
         self.wake()  # something changed: write status soon
 
-    def follow_spec(self, job_object: Mapping[str, Any], generation: int | None) -> None:
-        """Cells created from now on are built from the edited spec."""
+    def follow_spec(self, job_object: Mapping[str, Any], generation: Hashable) -> None:
+        """Cells created from now on are built from the edited spec (or a new Kueue admission)."""
         if self._platform_generation != generation and hasattr(self.platform, "update_job"):
             self.platform.update_job(job_object)
             self._platform_generation = generation
@@ -150,7 +150,7 @@ async def ensure_engines(
     inference: InferenceSpec,
     stored_status: Mapping[str, Any],
     job_object: Mapping[str, Any],
-    generation: int | None,
+    generation: Hashable,
 ) -> StepResult:
     """Run one bounded controller pass: observe cells, create/heal/scale them, probe the due ones.
 

@@ -1,7 +1,9 @@
 """The per-job daemon: one RLJob on the leading replica, pass after pass.
 
 `JobRuntime` is what kopf's daemon runs for one RLJob while this replica leads. Each pass
-runs the steps in order (lifecycle, children, suspension, engines); each step takes the
+first asks Kueue (`queueing`, for jobs with a queue-name label), then runs the steps in order
+(lifecycle, children, suspension, engines) on the spec Kueue's decision makes of the user's
+(`queueing.admitted_spec`: suspended until admitted, then placed on the flavors); each step takes the
 objects it works on and returns what it saw, and the pass hands those values to the status
 writer. What a pass saw also stays for the controller API's writes between passes (they
 record the controller's state; the trainer's outcome and the engine pods left are the last
@@ -26,7 +28,7 @@ from controller_runtime.events import Reason
 from controller_runtime.ports import EngineClientFactory, Platform
 from rljob_operator.event_recorder import EventRecorder
 from rljob_operator.metrics import Metrics
-from rljob_operator.reconcile import children, lifecycle
+from rljob_operator.reconcile import children, lifecycle, queueing
 from rljob_operator.reconcile.context import JobContext, JobKube, involved_object
 from rljob_operator.reconcile.delete import release_job
 from rljob_operator.reconcile.engines import EngineFleet, ensure_engines
@@ -85,6 +87,7 @@ class JobRuntime:
         )
         self.status = StatusWriter(self.job, metrics, body.get("status"))
         self.seen = Seen()
+        self.queue = queueing.QueueSeen()  # Kueue's last decision (nothing for an unqueued job)
         self._applied: children.Applied | None = None
         self._wake = asyncio.Event()
         self._errors = 0
@@ -97,11 +100,21 @@ class JobRuntime:
         return int(g) if g is not None else None
 
     def spec(self) -> RLJobSpec:
+        """The spec as the user wrote it."""
         return RLJobSpec.model_validate(self.body.get("spec") or {})
 
+    def effective_spec(self) -> RLJobSpec:
+        """The spec the steps run: the user's, suspended or placed as Kueue decided."""
+        return queueing.admitted_spec(self.spec(), self.queue)
+
     def job_object(self) -> dict[str, Any]:
-        """The RLJob as the manifest builders take it."""
-        return {"metadata": dict(self.body.get("metadata") or {}), "spec": dict(self.body.get("spec") or {})}
+        """The RLJob as the manifest builders take it (with the effective spec)."""
+        return {"metadata": dict(self.body.get("metadata") or {}), "spec": self.effective_spec()}
+
+    @property
+    def build_key(self) -> tuple[int | None, Any]:
+        """What children and new cells are built from: the spec generation and Kueue's admission."""
+        return (self.generation, self.queue.key)
 
     @property
     def recorder(self) -> EventRecorder:
@@ -122,7 +135,7 @@ class JobRuntime:
     def observed(self) -> Observed:
         """The status writer's input: the live spec and controller, and what the passes saw."""
         try:
-            spec = self.spec()
+            spec = self.effective_spec()
             suspend, replicas = spec.suspend, spec.inference.replicas
         except ValidationError:
             suspend, replicas = False, 0
@@ -136,6 +149,7 @@ class JobRuntime:
             trainer=self.seen.trainer,
             trainer_message=self.seen.trainer_message,
             engine_pods_left=self.seen.engine_pods_left,
+            queue=self.queue.state,
         )
 
     async def publish(self, why: str) -> None:
@@ -151,7 +165,8 @@ class JobRuntime:
 
         async def ensure_children() -> StepResult:
             seen = await children.ensure_children(
-                self.job, spec, self.job_object(), self.generation, self.controller_url, self._applied
+                self.job, spec, self.job_object(), self.build_key, self.controller_url, self._applied,
+                queueing.executor_placement(self.queue),
             )
             self._applied = seen.applied
             self.seen = replace(self.seen, trainer=seen.trainer, trainer_message=seen.trainer_message)
@@ -161,9 +176,24 @@ class JobRuntime:
             return self._saw_pods(await lifecycle.ensure_suspension(self.job, self.fleet, spec))
 
         async def engines() -> StepResult:
-            return await ensure_engines(self.fleet, spec.inference, self.stored_status, self.job_object(), self.generation)
+            return await ensure_engines(self.fleet, spec.inference, self.stored_status, self.job_object(), self.build_key)
 
         return [("finish", finish), ("children", ensure_children), ("suspend", suspend), ("engines", engines)]
+
+    def stopped(self) -> bool:
+        """No pod of ours holds resources: no controller, no engine pod, trainer not running."""
+        return (
+            self.fleet.controller is None
+            and self.seen.engine_pods_left == 0
+            and self.seen.trainer is not TrainerState.running
+        )
+
+    async def ask_kueue(self) -> None:
+        """Kueue's decision for this pass (the Workload made to exist and match the spec)."""
+        self.queue = await queueing.ensure_workload(
+            self.job, {"metadata": dict(self.body.get("metadata") or {}), "spec": self.spec()},
+            self.controller_url, self.stored_status, self.stopped(),
+        )
 
     def _saw_pods(self, winding: lifecycle.EnginesWinding) -> StepResult:
         if winding.engine_pods_left is not None:
@@ -177,7 +207,10 @@ class JobRuntime:
         started = time.perf_counter()
         step = "pass"
         try:
-            step, result = await run_steps(self.steps(self.spec()))
+            step = "queue"
+            await self.ask_kueue()
+            step = "pass"
+            step, result = await run_steps(self.steps(self.effective_spec()))
             step = "status"
             await self.publish(result.reason or "pass")
             self._errors, self._last_error = 0, ""

@@ -4,7 +4,8 @@
 engines, lock, weight version, counts) with what the operator observes around it (spec
 suspend, the trainer Job's outcome) into the whole status we write. Phases:
 
-    Pending -> Starting -> Running -> Succeeded | Failed;  Suspended while spec.suspend.
+    Pending -> Starting -> Running -> Succeeded | Failed;  Suspended while spec.suspend,
+    or while Kueue holds the job (not admitted yet, or evicted).
 
 Decisions:
 - Succeeded when the trainer Job completes. Failed when the trainer Job fails, or when every
@@ -24,6 +25,7 @@ from typing import Any
 from controller_runtime.api.status import CellState, ConditionType, Phase
 from controller_runtime.clock import iso
 from rljob_operator.conditions import Want, find, merge_conditions, transitions
+from rljob_operator.kueue import QueuePhase, QueueState
 
 TERMINAL = (Phase.Succeeded.value, Phase.Failed.value)
 CONTROLLER_KEYS = ("engines", "lock", "weightVersion", "rolloutId", "readyEngines", "totalEngines", "ready", "restartsTotal",
@@ -58,12 +60,13 @@ def trainer_state(job: Mapping[str, Any] | None) -> tuple[TrainerState, str]:
 class Observed:
     now: float
     generation: int | None = None
-    suspend: bool = False  # spec.suspend
+    suspend: bool = False  # spec.suspend, or Kueue holds the job
     replicas: int = 0  # spec.inference.replicas
     controller: Mapping[str, Any] | None = None  # status_patch(), None while no controller runs
     trainer: TrainerState = TrainerState.absent
     trainer_message: str = ""
     engine_pods_left: int = 0  # engine pods still existing while suspending/finishing
+    queue: QueueState | None = None  # Kueue's decision; None for a job without a queue-name label
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -123,10 +126,42 @@ def build_status(prev: Mapping[str, Any] | None, obs: Observed) -> tuple[dict[st
         out["completionTime"] = prev.get("completionTime") or now_iso
     if obs.generation is not None:
         out["observedGeneration"] = obs.generation
+    if obs.queue is not None:
+        out["queue"] = queue_status(obs.queue)
+    elif prev.get("queue") is not None:
+        out["queue"] = None  # the queue-name label was removed
 
     wants = _wants(phase, obs, ready, total, unhealthy, exhausted, failed_reason, failed_msg, out.get("lock"))
     out["conditions"] = merge_conditions(prev.get("conditions"), wants, now_iso, obs.generation)
     return out, transitions(prev.get("conditions"), out["conditions"])
+
+
+def queue_status(q: QueueState) -> dict[str, Any]:
+    """`status.queue` (the models' QueueStatus, camelCase)."""
+    return {
+        "name": q.queue,
+        "workload": q.workload,
+        "state": q.phase.value,
+        "reason": q.reason,
+        "message": q.message,
+        "flavors": {k: list(v) for k, v in sorted(q.flavors.items())},
+    }
+
+
+def held_by_queue(obs: Observed) -> QueueState | None:
+    """Kueue's state when it is what keeps the job suspended (waiting for quota, or evicted)."""
+    q = obs.queue
+    return q if q is not None and q.phase in (QueuePhase.Pending, QueuePhase.Evicted) else None
+
+
+def _suspended_why(obs: Observed) -> tuple[str, str]:
+    """(reason, message) of a suspended job: Kueue's when Kueue holds it, else the spec's."""
+    q = held_by_queue(obs)
+    if q is None:
+        return "SuspendedBySpec", "spec.suspend is true"
+    if q.phase is QueuePhase.Evicted:
+        return "EvictedByKueue", f"Kueue evicted the job ({q.reason}): {q.message}"
+    return "QueuedByKueue", f"waiting for Kueue to admit Workload {q.workload or '(creating)'}: {q.message}"
 
 
 def _wants(
@@ -146,7 +181,7 @@ def _wants(
     if terminal:
         ready_w = Want(T.Ready, False, phase, f"the job {phase.lower()}")
     elif obs.suspend:
-        ready_w = Want(T.Ready, False, "Suspended", "spec.suspend is true")
+        ready_w = Want(T.Ready, False, "Suspended", _suspended_why(obs)[1])
     elif total > 0 and ready == total:
         ready_w = Want(T.Ready, True, "AllEnginesServing", counts)
     else:
@@ -164,7 +199,7 @@ def _wants(
     if terminal:
         progressing_w = Want(T.Progressing, False, phase, "")
     elif obs.suspend:
-        progressing_w = Want(T.Progressing, False, "Suspended", "spec.suspend is true")
+        progressing_w = Want(T.Progressing, False, "Suspended", _suspended_why(obs)[1])
     elif lock:
         progressing_w = Want(T.Progressing, True, "UpdatingWeights", f"update window held by {lock.get('holder')}")
     elif total > 0 and ready < total:
@@ -175,7 +210,8 @@ def _wants(
     if obs.suspend and not terminal:
         done = obs.controller is None and obs.engine_pods_left == 0
         msg = "engine and trainer pods deleted" if done else f"deleting engine pods ({obs.engine_pods_left} left)"
-        suspended_w = Want(T.Suspended, True, "SuspendedBySpec", msg)
+        reason, why = _suspended_why(obs)
+        suspended_w = Want(T.Suspended, True, reason, msg if reason == "SuspendedBySpec" else f"{why}; {msg}")
     else:
         suspended_w = Want(T.Suspended, False, "NotSuspended", "")
 
@@ -183,7 +219,11 @@ def _wants(
         failed_w = Want(T.Failed, True, failed_reason or "Failed", failed_msg)
     else:
         failed_w = Want(T.Failed, False, "NotFailed", "")
-    return [ready_w, healthy_w, progressing_w, suspended_w, failed_w]
+    wants = [ready_w, healthy_w, progressing_w, suspended_w, failed_w]
+    if obs.queue is not None:
+        q = obs.queue
+        wants.append(Want(T.Admitted, q.admitted, q.reason or q.phase.value, q.message))
+    return wants
 
 
 def semantically_equal(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> bool:

@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 def is_news(c: Mapping[str, Any]) -> bool:
     """Whether a condition's value is worth an Event even the first time it is set."""
-    bad = {"EnginesHealthy": "False", "Failed": "True", "Suspended": "True", "Ready": "True"}
+    bad = {"EnginesHealthy": "False", "Failed": "True", "Suspended": "True", "Ready": "True", "Admitted": "True"}
     return bad.get(c["type"]) == c["status"]
 
 
