@@ -1,0 +1,185 @@
+"""Kueue, the pure parts: the Workload's PodSets, reading Kueue's decision, the status writes it expects."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rljob_operator.kueue import (
+    FlavorPlacement,
+    QueuePhase,
+    finished_patch,
+    placement_with,
+    queue_state,
+    release_quota_patch,
+)
+from rljob_operator.manifests.workload import WorkloadPriority, pod_set_counts, pod_sets, workload
+from rljob_operator.reconcile.job_status import Observed, build_status
+from rljob_operator.reconcile.queueing import QueueSeen, admitted_spec, queue_of
+
+from controller_runtime.api.spec import Placement, RLJobSpec, Toleration
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "llama-8b-8gpu.yaml"
+URL = "http://rljob-operator.rljob-system.svc:8080"
+NOW = "2026-12-01T11:00:00Z"
+
+
+def job(**inference: Any) -> dict[str, Any]:
+    obj = yaml.safe_load(EXAMPLE.read_text())
+    obj["metadata"] = {
+        "name": "llama",
+        "namespace": "team-a",
+        "uid": "u-1",
+        "labels": {"kueue.x-k8s.io/queue-name": "rl"},
+    }
+    obj["spec"]["inference"].update(inference)
+    return obj
+
+
+def cond(type_: str, status: str, reason: str = "", message: str = "") -> dict[str, Any]:
+    return {
+        "type": type_,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": "2026-12-01T10:00:00Z",
+    }
+
+
+def wl(*conditions: dict[str, Any], admission: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "rljob-llama", "resourceVersion": "42", "generation": 1},
+        "status": {"conditions": list(conditions), **({"admission": admission} if admission else {})},
+    }
+
+
+ADMISSION = {"clusterQueue": "rl-gpus", "podSetAssignments": [
+    {"name": "engines", "flavors": {"cpu": "gpu-nodes", "nvidia.com/gpu": "gpu-nodes"}, "count": 4},
+    {"name": "executor", "flavors": {"cpu": "cpu-nodes"}, "count": 1},
+]}  # fmt: skip
+
+
+def test_pod_sets_count_engine_pods_as_cells_times_pods_per_cell_with_their_gpus() -> None:
+    sets = pod_sets(job(replicas=3, gpusPerEngine=16, gpusPerNode=8), URL)
+    assert pod_set_counts(sets) == {"engines": 6, "executor": 1, "trainer": 1}
+    engine = sets[0]["template"]["spec"]["containers"][0]["resources"]
+    assert engine["requests"]["nvidia.com/gpu"] == "8" and engine["limits"]["nvidia.com/gpu"] == "8"
+    trainer = sets[2]["template"]["spec"]["containers"][0]["resources"]
+    assert trainer["requests"]["nvidia.com/gpu"] == "8"
+
+
+def test_pod_sets_leave_out_what_the_operator_does_not_run() -> None:
+    obj = job(replicas=0)
+    obj["spec"]["trainer"] = {"workloadRef": {"apiVersion": "batch/v1", "kind": "Job", "name": "mine"}}
+    assert pod_set_counts(pod_sets(obj, URL)) == {"executor": 1}
+
+
+def test_workload_is_owned_by_the_rljob_and_carries_queue_and_priority() -> None:
+    w = workload(
+        job(), "rl", URL, WorkloadPriority(1000, "WorkloadPriorityClass", "kueue.x-k8s.io", "rl-high")
+    )
+    assert w["metadata"]["name"] == "rljob-llama" and w["metadata"]["namespace"] == "team-a"
+    owner = w["metadata"]["ownerReferences"][0]
+    assert owner["kind"] == "RLJob" and owner["uid"] == "u-1" and owner["controller"] is True
+    assert w["spec"]["queueName"] == "rl" and w["spec"]["priority"] == 1000
+    assert w["spec"]["priorityClassRef"] == {
+        "group": "kueue.x-k8s.io",
+        "kind": "WorkloadPriorityClass",
+        "name": "rl-high",
+    }
+    assert "priority" not in workload(job(), "rl", URL)["spec"]
+
+
+def test_queue_state_reads_pending_admitted_evicted_and_finished() -> None:
+    assert queue_state("rl", None).phase is QueuePhase.Pending
+    pending = queue_state(
+        "rl", wl(cond("QuotaReserved", "False", "Pending", "insufficient quota for nvidia.com/gpu"))
+    )
+    assert (pending.phase, pending.message) == (QueuePhase.Pending, "insufficient quota for nvidia.com/gpu")
+    admitted = queue_state(
+        "rl",
+        wl(cond("QuotaReserved", "True"), cond("Admitted", "True", "Admitted", "ok"), admission=ADMISSION),
+    )
+    assert admitted.admitted and admitted.flavors == {"engines": ("gpu-nodes",), "executor": ("cpu-nodes",)}
+    assert admitted.counts == {"engines": 4, "executor": 1}
+    evicted = queue_state(
+        "rl",
+        wl(cond("Admitted", "True"), cond("Evicted", "True", "Preempted", "by rl-high"), admission=ADMISSION),
+    )
+    assert (evicted.phase, evicted.reason, evicted.has_admission) == (QueuePhase.Evicted, "Preempted", True)
+    assert queue_state("rl", wl(cond("Finished", "True", "Succeeded"))).phase is QueuePhase.Finished
+
+
+def test_quota_is_released_as_kueue_jobframework_does_after_a_preemption() -> None:
+    w = wl(
+        cond("QuotaReserved", "True", "QuotaReserved"),
+        cond("Admitted", "True", "Admitted"),
+        cond("Evicted", "True", "Preempted", "Preempted to accommodate a higher priority Workload"),
+        admission=ADMISSION,
+    )
+    patch = release_quota_patch(w, NOW)
+    assert patch["metadata"] == {"resourceVersion": "42"} and patch["status"]["admission"] is None
+    by_type = {c["type"]: c for c in patch["status"]["conditions"]}
+    assert by_type["QuotaReserved"]["status"] == "False" and by_type["QuotaReserved"]["reason"] == "Pending"
+    assert by_type["Admitted"]["status"] == "False"
+    assert by_type["Requeued"]["status"] == "True" and by_type["Requeued"]["reason"] == "Preempted"
+    assert by_type["Evicted"] == w["status"]["conditions"][2]  # Kueue's own condition is left alone
+    assert by_type["QuotaReserved"]["lastTransitionTime"] == NOW
+
+
+def test_finished_patch_sets_finished_true() -> None:
+    patch = finished_patch(wl(cond("Admitted", "True")), True, "the RLJob succeeded", NOW)
+    finished = next(c for c in patch["status"]["conditions"] if c["type"] == "Finished")
+    assert (finished["status"], finished["reason"]) == ("True", "Succeeded")
+    failed = finished_patch(wl(), False, "x", NOW)["status"]["conditions"][0]
+    assert failed["reason"] == "Failed"
+
+
+def test_flavor_placement_adds_labels_and_tolerations_once() -> None:
+    gpu = Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")
+    own = Placement(node_selector={"nvidia.com/gpu.product": "H100"}, tolerations=[gpu])
+    flavor = FlavorPlacement.of(
+        {
+            "spec": {
+                "nodeLabels": {"pool": "gpu"},
+                "tolerations": [
+                    {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+                    {"key": "spot", "operator": "Exists"},
+                ],
+            }
+        }
+    )
+    placed = placement_with(own, [flavor])
+    assert placed.node_selector == {"nvidia.com/gpu.product": "H100", "pool": "gpu"}
+    assert [t.key for t in placed.tolerations] == ["nvidia.com/gpu", "spot"]
+
+
+def test_admitted_spec_suspends_until_admitted_then_places_engines_and_trainer() -> None:
+    spec = RLJobSpec.model_validate(copy.deepcopy(job()["spec"]))
+    assert admitted_spec(spec, QueueSeen()) == spec  # no queue label: untouched
+    pending = QueueSeen(queue_state("rl", None))
+    assert admitted_spec(spec, pending).suspend is True and pending.holds
+    state = queue_state("rl", wl(cond("Admitted", "True"), admission=ADMISSION))
+    flavor = FlavorPlacement({"pool": "gpu"})
+    placed = admitted_spec(spec, QueueSeen(state, {"engines": (flavor,), "trainer": (flavor,)}))
+    assert placed.suspend is False
+    assert placed.inference.placement.node_selector["pool"] == "gpu"
+    assert placed.trainer.placement.node_selector["pool"] == "gpu"
+    assert queue_of(job()) == "rl" and queue_of({"metadata": {}}) is None
+
+
+def test_status_shows_kueue_s_reason_while_it_holds_the_job() -> None:
+    state = queue_state(
+        "rl", wl(cond("QuotaReserved", "False", "Pending", "insufficient quota for nvidia.com/gpu"))
+    )
+    status, _ = build_status(None, Observed(now=0.0, suspend=True, replicas=2, queue=state))
+    assert status["phase"] == "Suspended"
+    assert status["queue"]["state"] == "Pending" and status["queue"]["name"] == "rl"
+    by_type = {c["type"]: c for c in status["conditions"]}
+    assert by_type["Suspended"]["reason"] == "QueuedByKueue"
+    assert "insufficient quota" in by_type["Suspended"]["message"]
+    assert by_type["Admitted"]["status"] == "False" and "insufficient quota" in by_type["Admitted"]["message"]
+    unqueued, _ = build_status(None, Observed(now=0.0, suspend=True, replicas=2))
+    assert "queue" not in unqueued and "Admitted" not in {c["type"] for c in unqueued["conditions"]}
