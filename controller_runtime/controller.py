@@ -311,6 +311,13 @@ class InferenceController:
             self._mark_unhealthy(cell, "pod failed or restarted: " + ", ".join(dead))
             return
         cell.pod_restarts = obs.restarts
+        scheduled = sum(1 for p in obs.pods if p.node)
+        if self.health.partly_scheduled_too_long(cell, scheduled, len(obs.pods)):
+            deadline = self.spec.health_check.scheduling_deadline_seconds
+            self._mark_unhealthy(cell, f"only {scheduled}/{len(obs.pods)} pods scheduled within {deadline:g} s: "
+                                 "deleting the cell so that it holds no GPUs while it waits",
+                                 reason=Reason.SchedulingDeadlineExceeded)
+            return
         if cell.state is S.Pending and obs.all_running and cell.endpoint:
             self.fleet.move(cell, S.Starting, "pods running; waiting for the engine to answer")
             self.health.arm(cell.name)
@@ -369,6 +376,9 @@ class InferenceController:
                 waits.append(1.0)
                 if cell.created_time is not None:
                     waits.append(cell.created_time + self.spec.health_check.startup_deadline_seconds - now)
+                    placed_by = cell.created_time + self.spec.health_check.scheduling_deadline_seconds
+                    if placed_by > now:
+                        waits.append(placed_by - now)
             if self.health.wants_probe(cell):
                 waits.append(self.health.seconds_until_due(cell.name))
         return max(0.0, min(waits))

@@ -20,6 +20,7 @@ class Reason:
     CellReplaced = "CellReplaced"
     CellDeleted = "CellDeleted"
     StartupDeadlineExceeded = "StartupDeadlineExceeded"
+    SchedulingDeadlineExceeded = "SchedulingDeadlineExceeded"
     RestartBudgetExhausted = "RestartBudgetExhausted"
     Offloaded = "Offloaded"
     Onloaded = "Onloaded"

@@ -109,6 +109,16 @@ class HealthMonitor:
             return False
         return self.clock.now() - cell.created_time >= self.spec.startup_deadline_seconds
 
+    def partly_scheduled_too_long(self, cell: Cell, scheduled: int, pods: int) -> bool:
+        """A cell some of whose pods hold a node (and its GPUs) while others wait, past the deadline.
+
+        Without a gang scheduler (or Kueue) the scheduler places pods one by one, so a cell can
+        hold half its GPUs forever while the rest never fit; two such cells can deadlock.
+        """
+        if cell.state is not CellState.Pending or cell.created_time is None or not 0 < scheduled < pods:
+            return False
+        return self.clock.now() - cell.created_time >= self.spec.scheduling_deadline_seconds
+
     # -- probing --------------------------------------------------------------------------
 
     async def probe(self, cell: Cell, client: EngineClient) -> ProbeOutcome:

@@ -105,6 +105,7 @@ class HealthCheckSpec(ApiModel):
     failure_threshold: int = Field(default=3, ge=1, description="Consecutive failed probes that make a cell Unhealthy.")
     initial_delay_seconds: float = Field(default=0, ge=0, description="Grace period after start and after every resume before the first probe counts.")
     startup_deadline_seconds: float = Field(default=1800, gt=0, description="A cell still starting after this long is Unhealthy (StartupDeadlineExceeded).")
+    scheduling_deadline_seconds: float = Field(default=300, gt=0, description="A multi-pod cell with some pods scheduled and others not after this long is deleted and retried after the restart backoff (SchedulingDeadlineExceeded), so that it never holds GPUs partially.")
 
 
 RESTART_BACKOFF_MSG = "spec.inference.restartPolicy.backoffSeconds must not exceed spec.inference.restartPolicy.maxBackoffSeconds"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
@@ -39,7 +40,8 @@ def spec(replicas: int = 2, **kw: Any) -> InferenceSpec:
         replicas=replicas,
         gpus_per_engine=kw.pop("gpus_per_engine", 2),
         health_check=HealthCheckSpec(interval_seconds=10, timeout_seconds=5, failure_threshold=2,
-                                     startup_deadline_seconds=kw.pop("startup_deadline", 1800)),
+                                     startup_deadline_seconds=kw.pop("startup_deadline", 1800),
+                                     scheduling_deadline_seconds=kw.pop("scheduling_deadline", 300)),
         restart_policy=RestartPolicySpec(backoff_seconds=5, max_backoff_seconds=300,
                                          max_restarts=kw.pop("max_restarts", 3)),
         weight_update=WeightUpdateSpec(lock_timeout_seconds=600, check_weights=kw.pop("check_weights", False)),
@@ -421,6 +423,41 @@ async def test_startup_deadline_exceeded() -> None:
     await h.ctrl.reconcile()
     assert h.cell(0).state == S.Unhealthy
     assert Reason.StartupDeadlineExceeded in h.reasons()
+
+
+def place(platform: FakePlatform, cell: str, *nodes: str | None) -> None:
+    """The scheduler's verdict on each pod of the cell: a node, or None (still unschedulable)."""
+    c = platform.cells[cell]
+    c.pods = [dataclasses.replace(p, node=n) for p, n in zip(c.pods, nodes, strict=True)]
+
+
+async def test_a_partly_scheduled_cell_is_deleted_after_the_scheduling_deadline_and_retried() -> None:
+    h = harness(1, gpus_per_engine=16, gpus_per_node=8, platform=FakePlatform(start_running=False),
+                scheduling_deadline=60)
+    await h.ctrl.reconcile()
+    place(h.platform, "demo-cell-0", "gpu-0", None)  # one pod holds 8 GPUs, the other never fits
+    await h.clock.advance(59)
+    await h.ctrl.reconcile()
+    assert h.cell(0).state == S.Pending and h.platform.deleted == []
+    await h.clock.advance(1)
+    await h.ctrl.reconcile()
+    assert h.cell(0).state == S.Unhealthy and "only 1/2 pods scheduled within 60 s" in h.cell(0).message
+    assert Reason.SchedulingDeadlineExceeded in h.reasons()
+    await h.ctrl.reconcile()
+    assert h.platform.deleted == ["demo-cell-0"]  # its GPUs are free while it waits for the backoff
+    await h.clock.advance(5)
+    await h.ctrl.reconcile()
+    assert h.platform.generation_of("demo-cell-0") == 1 and h.cell(0).restarts == 1
+
+
+async def test_a_cell_with_no_pod_scheduled_holds_nothing_and_keeps_waiting() -> None:
+    h = harness(1, gpus_per_engine=16, gpus_per_node=8, platform=FakePlatform(start_running=False),
+                scheduling_deadline=60)
+    await h.ctrl.reconcile()
+    await h.clock.advance(120)
+    await h.ctrl.reconcile()
+    assert h.cell(0).state == S.Pending and h.platform.deleted == []
+    assert h.ctrl._next_wakeup() > 0  # past the deadline, a waiting cell does not spin the loop
 
 
 async def test_restart_budget_backoff_then_failed_with_no_more_creates() -> None:
