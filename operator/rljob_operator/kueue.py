@@ -11,6 +11,9 @@ builds those two status writes; the reconcile step (`reconcile.queueing`) does t
     no Workload yet ─▶ Pending ──QuotaReserved+Admitted──▶ Admitted ──Evicted──▶ Evicted
                           ▲                                                     │ pods gone:
                           └──────────── admission cleared (Requeued) ◀──────────┘ quota back
+
+Evicted lasts while the admission is still held (the job stopping); Kueue resets the Evicted
+condition only when it reserves quota again, so without an admission the job is Pending.
 """
 
 from __future__ import annotations
@@ -91,7 +94,7 @@ def queue_state(queue: str, workload: Mapping[str, Any] | None) -> QueueState:
 
     if c := _true(conditions, FINISHED):
         return state(QueuePhase.Finished, str(c.get("reason", FINISHED)), str(c.get("message", "")))
-    if c := _true(conditions, EVICTED):
+    if admission is not None and (c := _true(conditions, EVICTED)):  # stopping; once cleared: Pending
         return state(QueuePhase.Evicted, str(c.get("reason", EVICTED)), str(c.get("message", "")))
     if admission is not None and (c := _true(conditions, ADMITTED)):
         cq = admission.get("clusterQueue", "")

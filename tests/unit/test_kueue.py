@@ -110,6 +110,10 @@ def test_queue_state_reads_pending_admitted_evicted_and_finished() -> None:
     )
     assert (evicted.phase, evicted.reason, evicted.has_admission) == (QueuePhase.Evicted, "Preempted", True)
     assert queue_state("rl", wl(cond("Finished", "True", "Succeeded"))).phase is QueuePhase.Finished
+    released = queue_state(
+        "rl", wl(cond("Evicted", "True", "Preempted"), cond("QuotaReserved", "False", "Pending", "x"))
+    )
+    assert released.phase is QueuePhase.Pending  # admission handed back: queued again
 
 
 def test_quota_is_released_as_kueue_jobframework_does_after_a_preemption() -> None:

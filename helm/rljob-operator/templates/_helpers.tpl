@@ -63,4 +63,10 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 - apiGroups: ["ray.io"]
   resources: ["rayclusters"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads"]
+  verbs: ["get", "create", "delete"]
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads/status"]
+  verbs: ["patch"]
 {{- end -}}

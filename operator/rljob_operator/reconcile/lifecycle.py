@@ -78,7 +78,9 @@ async def ensure_suspension(job: JobContext, fleet: EngineFleet, spec: RLJobSpec
     was_running = fleet.controller is not None
     left = await delete_engine_pods(job, fleet)
     if was_running:
-        job.recorder.record("Normal", "Suspending", "spec.suspend is true: deleting engine pods, suspending the trainer")
+        job.recorder.record(
+            "Normal", "Suspending", "suspended (spec.suspend, or Kueue): deleting engine pods, suspending the trainer"
+        )
     if left:
         return EnginesWinding(StepResult.requeue(1.0, f"suspending: {left} engine pods left"), left)
     return EnginesWinding(StepResult.requeue(job.resync_seconds, "suspended"), left)

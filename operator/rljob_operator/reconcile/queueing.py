@@ -151,7 +151,12 @@ async def ensure_workload(
         if wl is not None and queue_state(queue, wl).phase is not QueuePhase.Finished:
             ok = phase == Phase.Succeeded.value
             patch = finished_patch(wl, ok, f"the RLJob {str(phase).lower()}", iso(job.clock.now()))
-            await job.kube.patch_object_status(KUEUE_API_VERSION, WORKLOAD_KIND, job.namespace, name, patch)
+            try:
+                await job.kube.patch_object_status(
+                    KUEUE_API_VERSION, WORKLOAD_KIND, job.namespace, name, patch
+                )
+            except Conflict:  # Kueue wrote meanwhile: again on the next pass
+                return QueueSeen(queue_state(queue, wl))
             job.recorder.record(
                 "Normal", "WorkloadFinished", f"Workload {name} marked Finished: its quota is released"
             )
