@@ -180,10 +180,24 @@ def test_status_shows_kueue_s_reason_while_it_holds_the_job() -> None:
     )
     status, _ = build_status(None, Observed(now=0.0, suspend=True, replicas=2, queue=state))
     assert status["phase"] == "Suspended"
-    assert status["queue"]["state"] == "Pending" and status["queue"]["name"] == "rl"
+    assert (
+        status["queue"]["state"] == "Pending"
+        and status["queue"]["name"] == "rl"
+        and status["queue"]["flavors"] == []
+    )
     by_type = {c["type"]: c for c in status["conditions"]}
     assert by_type["Suspended"]["reason"] == "QueuedByKueue"
     assert "insufficient quota" in by_type["Suspended"]["message"]
     assert by_type["Admitted"]["status"] == "False" and "insufficient quota" in by_type["Admitted"]["message"]
     unqueued, _ = build_status(None, Observed(now=0.0, suspend=True, replicas=2))
     assert "queue" not in unqueued and "Admitted" not in {c["type"] for c in unqueued["conditions"]}
+
+
+def test_status_lists_the_flavors_of_an_admission_and_drops_them_with_it() -> None:
+    admitted = queue_state("rl", wl(cond("Admitted", "True", "Admitted"), admission=ADMISSION))
+    status, _ = build_status(None, Observed(now=0.0, replicas=2, queue=admitted))
+    assert status["queue"]["flavors"] == ["engines: gpu-nodes", "executor: cpu-nodes"]
+    assert next(c for c in status["conditions"] if c["type"] == "Admitted")["status"] == "True"
+    requeued = queue_state("rl", wl(cond("Evicted", "True", "Preempted"), cond("QuotaReserved", "False", "Pending")))
+    later, _ = build_status(status, Observed(now=1.0, suspend=True, replicas=2, queue=requeued))
+    assert later["queue"]["flavors"] == []  # a list: the merge patch replaces it whole

@@ -144,7 +144,8 @@ def queue_status(q: QueueState) -> dict[str, Any]:
         "state": q.phase.value,
         "reason": q.reason,
         "message": q.message,
-        "flavors": {k: list(v) for k, v in sorted(q.flavors.items())},
+        # A list, not a map: a merge patch replaces it whole, so a flavor never outlives its admission.
+        "flavors": [f"{k}: {','.join(v)}" for k, v in sorted(q.flavors.items())],
     }
 
 
