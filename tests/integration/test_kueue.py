@@ -124,6 +124,18 @@ def columns(kube: Kube, job: str) -> dict[str, str]:
     return {header[a:b].strip(): row[a:b].strip() for a, b in zip(starts, ends, strict=True)}
 
 
+def held_for_quota(kube: Kube, job: str) -> dict[str, Any]:
+    """Wait until Kueue's "insufficient quota" reaches status.queue; the status, checked Suspended/Pending."""
+    wait_for(
+        lambda: "insufficient quota" in queue_status(kube, job).get("message", ""),
+        60,
+        what=f"{job}: Kueue's message in status.queue",
+    )
+    status = kube.status(job)
+    assert status["phase"] == "Suspended" and status["queue"]["state"] == "Pending", status
+    return status
+
+
 def kueue_condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any]:
     """A condition of a Kueue object (ClusterQueue, Workload)."""
     return condition((obj or {}).get("status") or {}, type_)
@@ -166,14 +178,7 @@ def test_two_16_gpu_jobs_share_a_16_gpu_queue_one_after_the_other(kube, queue, o
     kube.apply(queued_job("first", trainer_gate=gate))
     wait_for(lambda: kube.status("first").get("ready") == "2/2", 120, what="first: 2/2 serving")
     kube.apply(queued_job("second", trainer_gate=tmp_path / "second-trainer-done"))
-    wait_for(
-        lambda: "insufficient quota" in queue_status(kube, "second").get("message", ""),
-        60,
-        what="second: Kueue's reason in status.queue",
-    )
-
-    second = kube.status("second")
-    assert second["phase"] == "Suspended" and queue_status(kube, "second")["state"] == "Pending"
+    second = held_for_quota(kube, "second")
     assert condition(second, "Suspended")["reason"] == "QueuedByKueue"
     assert condition(second, "Admitted")["status"] == "False"
     assert "insufficient quota" in condition(second, "Admitted")["message"]
@@ -240,13 +245,7 @@ def test_a_job_larger_than_the_queue_stays_pending_and_disturbs_nothing(kube, qu
     kube.apply(queued_job("small", cells=1))
     kube.apply(queued_job("huge", cells=3))  # 24 GPUs in a 16-GPU queue: never fits
     wait_for(lambda: kube.status("small").get("ready") == "1/1", 120, what="small: 1/1 serving")
-    wait_for(
-        lambda: "insufficient quota" in queue_status(kube, "huge").get("message", ""),
-        60,
-        what="huge: Kueue's message",
-    )
-    huge = kube.status("huge")
-    assert huge["phase"] == "Suspended" and queue_status(kube, "huge")["state"] == "Pending"
+    huge = held_for_quota(kube, "huge")
     assert "24" in condition(huge, "Admitted")["message"]  # Kueue names the request that does not fit
     assert (
         kube.engine_pods("huge") == []
@@ -334,3 +333,45 @@ def test_scaling_an_admitted_job_re_admits_it_with_the_new_counts(kube, queue, o
     )
     assert len(kube.engine_pods("scaled")) == 1
     assert "WorkloadRecreated" in reasons(kube, "scaled")
+
+
+def test_kueue_webhooks_intercept_only_kueue_resources_and_other_jobs_run_untouched(kueue, kube):
+    hooks = []
+    for kind, suffix in (
+        ("mutatingwebhookconfiguration", "mutating"),
+        ("validatingwebhookconfiguration", "validating"),
+    ):
+        cfg = json.loads(kube.cluster.kubectl("get", kind, f"rljob-test-kueue-{suffix}", "-o", "json").stdout)
+        hooks += cfg["webhooks"]
+    assert {"mworkload.kb.io", "vworkload.kb.io", "vclusterqueue.kb.io"} <= {h["name"] for h in hooks}
+    for hook in hooks:
+        assert {g for rule in hook["rules"] for g in rule["apiGroups"]} == {"kueue.x-k8s.io"}, hook["name"]
+        assert hook["clientConfig"]["url"].startswith(f"https://127.0.0.1:{kueue.webhook_port}/"), hook[
+            "name"
+        ]
+    # A Job without a queue-name label, while Kueue (with its batch/job integration) runs: left alone.
+    kube.apply(
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": "plain"},
+            "spec": {
+                "template": {
+                    "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]}
+                }
+            },
+        }
+    )
+    wait_for(
+        lambda: (
+            condition((kube.get("job", "plain") or {}).get("status") or {}, "Complete").get("status")
+            == "True"
+        ),
+        60,
+        what="a plain Job completes",
+    )
+    assert kube.get("job", "plain")["spec"].get("suspend") in (None, False)
+    workloads = json.loads(kube.cluster.kubectl("get", "workloads", "-n", kube.ns, "-o", "json").stdout)[
+        "items"
+    ]
+    assert workloads == [], "Kueue made a Workload for a Job without a queue-name label"
