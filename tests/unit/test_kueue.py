@@ -198,6 +198,8 @@ def test_status_lists_the_flavors_of_an_admission_and_drops_them_with_it() -> No
     status, _ = build_status(None, Observed(now=0.0, replicas=2, queue=admitted))
     assert status["queue"]["flavors"] == ["engines: gpu-nodes", "executor: cpu-nodes"]
     assert next(c for c in status["conditions"] if c["type"] == "Admitted")["status"] == "True"
-    requeued = queue_state("rl", wl(cond("Evicted", "True", "Preempted"), cond("QuotaReserved", "False", "Pending")))
+    requeued = queue_state(
+        "rl", wl(cond("Evicted", "True", "Preempted"), cond("QuotaReserved", "False", "Pending"))
+    )
     later, _ = build_status(status, Observed(now=1.0, suspend=True, replicas=2, queue=requeued))
     assert later["queue"]["flavors"] == []  # a list: the merge patch replaces it whole
