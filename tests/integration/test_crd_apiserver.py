@@ -154,12 +154,13 @@ def test_change_of_mutable_fields_is_accepted(crd, namespace: str) -> None:
 def test_printer_columns_show_status(crd, namespace: str) -> None:
     manifest = _named(load_manifest(), "columns")
     assert apply(crd, namespace, manifest).returncode == 0
-    status = {"phase": "Running", "ready": "3/4", "weightVersion": "v7", "rolloutId": 12}
+    status = {"phase": "Running", "ready": "3/4", "weightVersion": "v7", "rolloutId": 12,
+              "queue": {"name": "rl", "state": "Admitted"}}
     crd.kubectl("patch", "rljob", "columns", "-n", namespace, "--subresource=status", "--type=merge",
                 "-p", json.dumps({"status": status}))
     header, row = crd.kubectl("get", "rlj", "columns", "-n", namespace).stdout.splitlines()
-    assert header.split() == ["NAME", "PHASE", "READY", "WEIGHTS", "ROLLOUT", "AGE"]
-    assert row.split()[:5] == ["columns", "Running", "3/4", "v7", "12"]
+    assert header.split() == ["NAME", "PHASE", "READY", "WEIGHTS", "ROLLOUT", "QUEUE", "AGE"]
+    assert row.split()[:6] == ["columns", "Running", "3/4", "v7", "12", "Admitted"]
 
 
 def test_status_schema_is_enforced(crd, namespace: str) -> None:
