@@ -16,10 +16,16 @@ from rljob_operator.kueue import (
     release_quota_patch,
 )
 from rljob_operator.manifests.workload import WorkloadPriority, pod_set_counts, pod_sets, workload
+from rljob_operator.metrics import Metrics
+from rljob_operator.reconcile.job_runtime import JobRuntime
 from rljob_operator.reconcile.job_status import Observed, build_status
 from rljob_operator.reconcile.queueing import QueueSeen, admitted_spec, queue_of
+from rljob_operator.registry import JobRegistry
 
 from controller_runtime.api.spec import Placement, RLJobSpec, Toleration
+from controller_runtime.clock import FakeClock
+from controller_runtime.fakes import FakeEngines, FakePlatform
+from tests.unit.test_job_runtime import FakeKube, rljob, settle
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "llama-8b-8gpu.yaml"
 URL = "http://rljob-operator.rljob-system.svc:8080"
@@ -203,3 +209,112 @@ def test_status_lists_the_flavors_of_an_admission_and_drops_them_with_it() -> No
     )
     later, _ = build_status(status, Observed(now=1.0, suspend=True, replicas=2, queue=requeued))
     assert later["queue"]["flavors"] == []  # a list: the merge patch replaces it whole
+
+
+class KueueKube(FakeKube):
+    """FakeKube plus the objects Kueue's side needs (Workloads, flavors), merged like the API server."""
+
+    def __init__(self, body: dict[str, Any]) -> None:
+        super().__init__(body)
+        self.objects: dict[tuple[str, str], dict[str, Any]] = {}
+
+    async def get_object(
+        self, api_version: str, kind: str, namespace: str | None, name: str
+    ) -> dict[str, Any] | None:
+        return copy.deepcopy(self.objects.get((kind, name)))
+
+    async def create_object(self, obj: Any) -> dict[str, Any] | None:
+        key = (obj["kind"], obj["metadata"]["name"])
+        if key in self.objects:
+            return None
+        self.objects[key] = {**copy.deepcopy(obj), "status": {}}
+        return copy.deepcopy(self.objects[key])
+
+    async def delete_object(self, api_version: str, kind: str, namespace: str, name: str) -> None:
+        self.objects.pop((kind, name), None)
+
+    async def patch_object_status(
+        self, api_version: str, kind: str, namespace: str, name: str, patch: Any
+    ) -> Any:
+        status = self.objects[(kind, name)]["status"]
+        for k, v in patch["status"].items():
+            if v is None:
+                status.pop(k, None)
+            else:
+                status[k] = copy.deepcopy(v)
+        return copy.deepcopy(self.objects[(kind, name)])
+
+
+def queued_runtime(body: dict[str, Any]) -> tuple[JobRuntime, KueueKube, FakePlatform]:
+    """A JobRuntime of `body` (labelled for LocalQueue rl) on the fake ports plus a Kueue-aware FakeKube."""
+    body["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "rl"}
+    platform = FakePlatform()
+    kube = KueueKube(body)
+    kube.platform = platform
+    rt = JobRuntime(
+        body=body,
+        kube=kube,
+        platform=platform,
+        registry=JobRegistry(),
+        metrics=Metrics(),
+        controller_url="http://op:8080",
+        resync_seconds=5,
+        clock=FakeClock(),
+        engines=FakeEngines(),
+    )
+    return rt, kube, platform
+
+
+async def test_a_queued_job_waits_runs_on_its_flavors_stops_when_evicted_and_hands_the_quota_back() -> None:
+    body = rljob(2)
+    rt, kube, platform = queued_runtime(body)
+    rt.recorder.start()
+    await settle(rt)
+    wl_obj = kube.objects[("Workload", "rljob-job")]
+    assert pod_set_counts(wl_obj["spec"]["podSets"]) == {"engines": 2, "executor": 1}
+    assert platform.cells == {} and body["status"]["phase"] == "Suspended"
+    assert body["status"]["queue"]["state"] == "Pending"
+
+    kube.objects[("ResourceFlavor", "gpu-nodes")] = {"spec": {"nodeLabels": {"pool": "gpu"}}}
+    kube.objects[("ResourceFlavor", "cpu-nodes")] = {"spec": {"nodeLabels": {"pool": "cpu"}}}
+    wl_obj["status"] = {
+        "admission": copy.deepcopy(ADMISSION),
+        "conditions": [cond("QuotaReserved", "True"), cond("Admitted", "True", "Admitted")],
+    }
+    await settle(rt)
+    assert len(platform.cells) == 2 and body["status"]["queue"]["state"] == "Admitted"
+    assert rt.effective_spec().inference.placement.node_selector == {"pool": "gpu"}
+    executor = [o for o in kube.applied if o["kind"] == "Deployment"][-1]
+    assert executor["spec"]["template"]["spec"]["nodeSelector"] == {"pool": "cpu"}
+
+    wl_obj["status"]["conditions"].append(cond("Evicted", "True", "Preempted", "to admit rl-high"))
+    await rt.run_pass()
+    # The pods go first; the quota is handed back only once none is left.
+    assert platform.cells == {} and wl_obj["status"].get("admission") is not None
+    await settle(rt)
+    assert wl_obj["status"].get("admission") is None
+    assert {c["type"]: c["status"] for c in wl_obj["status"]["conditions"]}["QuotaReserved"] == "False"
+    assert body["status"]["phase"] == "Suspended" and body["status"]["queue"]["state"] == "Pending"
+    assert "QuotaReleased" in {reason for _, reason, _ in kube.events}
+
+    body["spec"]["inference"]["replicas"] = 1  # a new shape is queued again as a new Workload
+    body["metadata"]["generation"] = 2
+    await settle(rt)
+    assert pod_set_counts(kube.objects[("Workload", "rljob-job")]["spec"]["podSets"])["engines"] == 1
+    assert "WorkloadRecreated" in {reason for _, reason, _ in kube.events}
+
+
+async def test_workload_priority_comes_from_the_kueue_label_else_the_engines_priority_class() -> None:
+    body = rljob(1)
+    body["spec"]["inference"]["placement"] = {"priorityClassName": "big"}
+    rt, kube, _ = queued_runtime(body)
+    kube.objects[("PriorityClass", "big")] = {"value": 500}
+    kube.objects[("WorkloadPriorityClass", "rl-high")] = {"value": 1000}
+    await rt.run_pass()
+    spec = kube.objects[("Workload", "rljob-job")]["spec"]
+    assert spec["priority"] == 500 and spec["priorityClassRef"]["kind"] == "PriorityClass"
+    del kube.objects[("Workload", "rljob-job")]
+    body["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] = "rl-high"
+    await rt.run_pass()
+    spec = kube.objects[("Workload", "rljob-job")]["spec"]
+    assert spec["priority"] == 1000 and spec["priorityClassRef"]["kind"] == "WorkloadPriorityClass"
