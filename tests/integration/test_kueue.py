@@ -233,6 +233,7 @@ def test_higher_priority_job_preempts_and_the_lower_resumes_with_its_weight_vers
     print("\n$ kubectl describe rlj low   # preempted\n" + describe(kube, "low"))
 
     kube.cluster.kubectl("delete", "rlj", "high", "-n", kube.ns)
+    wait_for(lambda: kube.get("workload", "rljob-high") is None, 60, what="high's Workload deleted with it")
     wait_for(lambda: queue_status(kube, "low").get("state") == "Admitted", 90, what="low re-admitted")
     # Fresh cells hold the initial weights: they wait for the next update instead of serving version 0.
     wait_for(
