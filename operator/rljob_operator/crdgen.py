@@ -49,6 +49,7 @@ PRINTER_COLUMNS = [
     {"name": "Ready", "type": "string", "jsonPath": ".status.ready", "description": "Serving engine cells / desired cells."},
     {"name": "Weights", "type": "string", "jsonPath": ".status.weightVersion", "description": "Weight version the serving engines hold."},
     {"name": "Rollout", "type": "integer", "jsonPath": ".status.rolloutId", "description": "Last rollout handed to the trainers."},
+    {"name": "Pass@1", "type": "number", "jsonPath": ".status.lastEval.passAt1", "description": "pass@1 of the last evaluation of the policy."},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

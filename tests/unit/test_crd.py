@@ -74,6 +74,7 @@ def test_printer_columns(crd: dict[str, Any]) -> None:
         ("Ready", "string", ".status.ready"),
         ("Weights", "string", ".status.weightVersion"),
         ("Rollout", "integer", ".status.rolloutId"),
+        ("Pass@1", "number", ".status.lastEval.passAt1"),
         ("Age", "date", ".metadata.creationTimestamp"),
     }
 
@@ -81,11 +82,13 @@ def test_printer_columns(crd: dict[str, Any]) -> None:
 def test_printer_columns_point_at_status_fields(schema: dict[str, Any], crd: dict[str, Any]) -> None:
     status = schema["properties"]["status"]["properties"]
     for column in crd["spec"]["versions"][0]["additionalPrinterColumns"]:
-        root, _, name = column["jsonPath"].lstrip(".").partition(".")
+        root, *path = column["jsonPath"].lstrip(".").split(".")
         if root == "status":
-            assert name in status, column
-            want = "integer" if column["type"] == "integer" else "string"
-            assert status[name]["type"] == want, column
+            field: dict[str, Any] = {"properties": status}
+            for name in path:
+                assert name in field.get("properties", {}), column
+                field = field["properties"][name]
+            assert field["type"] == column["type"], column
 
 
 FORBIDDEN_KEYS = {"$ref", "$defs", "anyOf", "oneOf", "allOf", "not", "title", "const", "definitions"}
