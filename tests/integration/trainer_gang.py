@@ -1,11 +1,11 @@
 """A checkpointing data-parallel trainer small enough to run as trainer pods, for test_trainer_restart.py.
 
 Each rank trains one Linear layer with Adam on inputs drawn from its *own* global torch RNG
-(seeded 100 + rank), averages gradients with a gloo all-reduce, and every SAVE_EVERY steps
-rank 0 writes a checkpoint with the real `rljob_client.trainer.checkpoint` store: weights,
-optimizer, and every rank's RNG state (gathered). A (re)started rank resumes from the newest
-checkpoint, so the weights after the last step equal those of a run that never stopped
-(`expected_weights` computes that run in one process).
+(seeded 100 + rank) and averages gradients with a gloo all-reduce. Checkpoints are the
+reference trainer's own machinery: `Checkpointer` every SAVE_EVERY steps (rank 0 writes, the
+other ranks hand it their RNG states through the process group's store, `StoreRanks`) and
+`resume_from` on start, each rank taking back its own RNG states. So the weights after the last
+step equal those of a run that never stopped (`expected_weights` computes that run in one process).
 
 Steps are paced by the test: step s starts once the file OUT_DIR/gate holds a number > s.
 Each rank appends `{"rank", "step", "pid"}` to OUT_DIR/steps.jsonl after each step.
@@ -14,6 +14,7 @@ Environment: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (the trainer Job's), OUT
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import json
 import os
@@ -23,14 +24,10 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from rljob_client.trainer.checkpoint import (
-    Checkpoint,
-    CheckpointStore,
-    capture_rng,
-    model_state,
-    optimizer_state,
-    restore_rng,
-)
+from rljob_client.trainer.checkpoint import Checkpoint, CheckpointStore, restore_checkpoint, take_checkpoint
+from rljob_client.trainer.loop import StepRecord
+from rljob_client.trainer.ranks import StoreRanks
+from rljob_client.trainer.resume import Checkpointer, resume_from
 
 GATE_POLL_SECONDS = 0.05
 COLLECTIVE_TIMEOUT_SECONDS = 30
@@ -86,50 +83,53 @@ def wait_for_gate(gate: Path, step: int) -> None:
         time.sleep(GATE_POLL_SECONDS)
 
 
-def main() -> int:
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    out, steps, save_every = (
-        Path(os.environ["OUT_DIR"]),
-        int(os.environ["STEPS"]),
-        int(os.environ["SAVE_EVERY"]),
-    )
-    dist.init_process_group(
-        "gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_SECONDS)
-    )
-    model, optimizer = make_model()
+class GangPolicy:
+    """What Checkpointer and resume_from ask of a policy, for the Linear layer."""
+
+    def __init__(self) -> None:
+        self.model, self.optimizer = make_model()
+
+    def checkpoint(self, step: int, weight_version: int) -> Checkpoint:
+        return take_checkpoint(self.model, self.optimizer, step, weight_version)
+
+    def restore(self, ckpt: Checkpoint, rank: int = 0) -> None:
+        if not restore_checkpoint(ckpt, self.model, self.optimizer, rank):
+            raise RuntimeError(f"checkpoint {ckpt.path} holds no RNG state of rank {rank}")
+
+    @property
+    def optimizer_steps(self) -> int:
+        return max((int(s["step"]) for s in self.optimizer.state.values() if "step" in s), default=0)
+
+
+async def train(rank: int, world: int, out: Path, steps: int, save_every: int) -> None:
+    policy = GangPolicy()
     torch.manual_seed(seed_of(rank))
+    ranks = StoreRanks.from_process_group()
     store = CheckpointStore(out / "checkpoints")
     ckpt = store.resume_point()
-    start = 0
-    if ckpt is not None:
-        model.load_state_dict(ckpt.model)
-        optimizer.load_state_dict(ckpt.optimizer)
-        restore_rng(ckpt.rng["ranks"][rank])
-        start = ckpt.step
-        print(f"rank {rank}: resumed at step {start} from {ckpt.path}", flush=True)
+    start = await resume_from(ckpt, policy, rank=rank) if ckpt is not None else 0
+    checkpointer = Checkpointer(store, save_every, policy, ranks=ranks)
     for step in range(start, steps):
-        wait_for_gate(out / "gate", step)
-        grads = local_gradients(model, draw_inputs())
+        await asyncio.to_thread(wait_for_gate, out / "gate", step)
+        grads = local_gradients(policy.model, draw_inputs())
         for g in grads:
             dist.all_reduce(g)
             g /= world
-        apply_gradients(model, optimizer, grads)
+        apply_gradients(policy.model, policy.optimizer, grads)
         with (out / "steps.jsonl").open("a") as f:
             f.write(json.dumps({"rank": rank, "step": step, "pid": os.getpid()}) + "\n")
-        if (step + 1) % save_every == 0:
-            rngs: list[object] = [None] * world
-            dist.all_gather_object(rngs, capture_rng())
-            if rank == 0:
-                store.save(
-                    Checkpoint(
-                        step=step + 1,
-                        weight_version=step + 1,
-                        model=model_state(model),
-                        optimizer=optimizer_state(optimizer),
-                        rng={"ranks": rngs},
-                    )
-                )
-            dist.barrier()  # no rank reports the step saved before the checkpoint is on disk
+        checkpointer.after_step(StepRecord(step=step, weight_version=step + 1, reward_mean=0.0, reward_std=0.0,
+                                           loss=0.0, samples=8, response_tokens=0))
+    await checkpointer.close()
+    ranks.close()
+
+
+def main() -> int:
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_SECONDS))
+    asyncio.run(train(rank, world, Path(os.environ["OUT_DIR"]), int(os.environ["STEPS"]), int(os.environ["SAVE_EVERY"])))
+    dist.barrier()  # rank 0 hosts the store: it leaves last
     dist.destroy_process_group()
     return 0
 

@@ -173,13 +173,14 @@ async def train(args: argparse.Namespace) -> int:
     if ckpt is not None:
         if rank == 0:
             await abort_orphan_window(controller, controller.holder)
-        start_step = await resume_from(ckpt, policy, restore_executor=(
+        start_step = await resume_from(ckpt, policy, rank=rank, restore_executor=(
             (lambda state: asyncio.to_thread(stream.restore, state)) if rank == 0 else None))
         if world_size > 1:  # no rank asks for a rollout before the executor is back at the checkpoint
             import torch.distributed as dist
 
             await asyncio.to_thread(dist.barrier)
-    checkpointer = Checkpointer(store, args.save_every if rank == 0 else 0, policy,
+    ranks = StoreRanks.from_process_group() if world_size > 1 else None
+    checkpointer = Checkpointer(store, args.save_every, policy, ranks=ranks,  # every rank: each hands its RNG state
                                 executor_state=lambda rollout_id: asyncio.to_thread(stream.checkpoint, rollout_id))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -199,7 +200,7 @@ async def train(args: argparse.Namespace) -> int:
         config, controller, BatchLog(stream, Path(args.batches_file), rank) if args.batches_file
         else ThreadedRolloutStream(stream), policy,
         lambda endpoint: make_engine_client(config.engine, endpoint), writer=writer, on_step=on_step,
-        ranks=StoreRanks.from_process_group() if world_size > 1 else None,
+        ranks=ranks,
     )
     if rank == 0:  # the writer evaluates when spec.rollout.eval asks (everySteps comes from the executor)
         training.evaluator = await asyncio.to_thread(PolicyEvaluator.from_stream, stream, args.steps,
