@@ -116,7 +116,9 @@ async def restart_trainer(
 ) -> None:
     """Delete the failed trainer Job and create it again as `verdict.attempt`: every rank restarts together."""
     name = trainer_name(job.name)
+    failed = await job.kube.get_job(job.namespace, name)
     await job.kube.delete_job(job.namespace, name)
+    await job_gone(job, name, ((failed or {}).get("metadata") or {}).get("uid"))
     job.recorder.record(
         "Warning",
         "TrainerRestarted",
@@ -125,6 +127,15 @@ async def restart_trainer(
     )
     for obj in trainer_workload(job_object, controller_url, verdict.attempt):
         await recreate_job(job, obj)
+
+
+async def job_gone(job: JobContext, name: str, uid: str | None, attempts: int = 20) -> None:
+    """Wait until the Job of `uid` is deleted: an apply before that would update the dying Job, not make a new one."""
+    for _ in range(attempts):
+        live = await job.kube.get_job(job.namespace, name)
+        if live is None or (live.get("metadata") or {}).get("uid") != uid:
+            return
+        await job.clock.sleep(0.5)
 
 
 async def apply_child(job: JobContext, obj: dict[str, Any]) -> None:
