@@ -49,8 +49,10 @@ FOUR_CELLS_NEED_BYTES = 16 * GIB
 TARGET_RATIO = 1.3
 
 RUN = r"""
-import sys
+import os, sys
 from pathlib import Path
+if os.environ.get("RLJOB_BENCH_CPUS"):  # the run and its children (executor, Ray, trainer) on these cores
+    os.sched_setaffinity(0, {int(c) for c in os.environ["RLJOB_BENCH_CPUS"].split(",")})
 from rljob_cli.run import RunOptions, run
 manifest, out, steps, overlap = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 sys.exit(run(RunOptions(manifest=Path(manifest), out=Path(out), steps=steps, cwd=Path(sys.argv[5]),
@@ -94,9 +96,19 @@ def compare(sync: dict[str, Any], overlap: dict[str, Any]) -> dict[str, Any]:
 
 # ---- real mode ---------------------------------------------------------------------------------
 
-def run_job(manifest: Path, out: Path, steps: int, overlap: bool, trainer_threads: int = 0) -> dict[str, Any]:
+def split_env(split: str | None) -> dict[str, str]:
+    """`--split-cores ENGINE:REST` as environment: vLLM's compute threads bound to ENGINE, every
+    other process of the run (trainer, executor, Ray, controller, vLLM's front end) on REST."""
+    if not split:
+        return {}
+    engine, rest = split.split(":")
+    return {"VLLM_CPU_OMP_THREADS_BIND": engine, "RLJOB_BENCH_CPUS": rest}
+
+
+def run_job(manifest: Path, out: Path, steps: int, overlap: bool, trainer_threads: int = 0,
+            split: str | None = None) -> dict[str, Any]:
     started = time.monotonic()
-    env = dict(os.environ, **({"OMP_NUM_THREADS": str(trainer_threads)} if trainer_threads else {}))
+    env = dict(os.environ, **({"OMP_NUM_THREADS": str(trainer_threads)} if trainer_threads else {}), **split_env(split))
     proc = subprocess.run([sys.executable, "-c", RUN, str(manifest), str(out), str(steps), "on" if overlap else "off",
                            str(ROOT)], cwd=ROOT, capture_output=True, text=True, env=env)
     summary_path = out / "summary.json"
@@ -105,6 +117,7 @@ def run_job(manifest: Path, out: Path, steps: int, overlap: bool, trainer_thread
                            + "\n".join(proc.stderr.splitlines()[-30:]))
     summary = json.loads(summary_path.read_text())
     summary["wall_seconds"] = time.monotonic() - started
+    summary["load_average_after"] = os.getloadavg()[0]  # others' work on a shared machine shows here
     return summary
 
 
@@ -142,7 +155,7 @@ def cells_manifest(tmp: Path, cells: int) -> Path:
 
 def real(args: argparse.Namespace) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="overlap-bench-"))
-    runs = {name: run_job(TINY, tmp / name, args.steps, overlap, args.trainer_threads)
+    runs = {name: run_job(TINY, tmp / name, args.steps, overlap, args.trainer_threads, args.split_cores)
             for name, overlap in (("sync", False), ("overlap", True))}
     modes = {name: mode_report(s["per_step"]) for name, s in runs.items()}
     windows: dict[str, Any] = {"1": window_report(window_seconds(tmp / "sync"))}
@@ -157,7 +170,8 @@ def real(args: argparse.Namespace) -> dict[str, Any]:
         run_job(cells_manifest(tmp, cells), out, args.window_steps, False)
         windows[str(cells)] = window_report(window_seconds(out))
     return {"bench": "overlap", "mode": "real", "job": str(TINY.relative_to(ROOT)), "steps": args.steps,
-            "trainer_threads": args.trainer_threads or None, "modes": modes, **compare(modes["sync"], modes["overlap"]), "window_by_cells": windows,
+            "trainer_threads": args.trainer_threads or None, "split_cores": args.split_cores,
+            "load_average_after": {name: s["load_average_after"] for name, s in runs.items()}, "modes": modes, **compare(modes["sync"], modes["overlap"]), "window_by_cells": windows,
             "window_cells_skipped": skipped, "out": str(tmp),
             "wall_seconds": {name: s["wall_seconds"] for name, s in runs.items()}}
 
@@ -279,6 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--window-steps", type=int, default=4, help="steps of each extra fleet-size run")
     p.add_argument("--trainer-threads", type=int, default=0,
                    help="OMP_NUM_THREADS of the local run's in-process trainer, both modes (0: torch's default)")
+    p.add_argument("--split-cores", metavar="ENGINE:REST",
+                   help="e.g. 0:1: vLLM's compute threads on core 0, the rest of the run on core 1, both modes")
     p.add_argument("--json-out")
     args = p.parse_args(argv)
     result = smoke(args) if args.smoke else real(args)

@@ -599,11 +599,26 @@ class TrainerSpec(ApiModel):
     colocate: bool = Field(default=False, description="Trainer shares GPUs with engines; requires spec.inference.offload.enabled.")
     reference: ReferenceTrainerSpec = Field(default_factory=ReferenceTrainerSpec, description="Settings of the bundled reference trainer.")
     workload_ref: WorkloadRef | None = Field(default=None, description="A trainer workload you run yourself (then no trainer pods are created).")
+    max_restarts: int = Field(
+        default=3, ge=0, le=1000,
+        description=(
+            "Times the trainer pods are all recreated together after one of them fails, each time resuming from "
+            "the newest checkpoint; when spent, the job fails (Failed/TrainerRestartBudgetExhausted). The "
+            "reference trainer is restarted only with reference.saveEverySteps > 0 (else there is nothing to "
+            "resume from and the job fails at once); a trainer command of your own is restarted and must resume "
+            "by itself (0 turns restarts off)."
+        ),
+    )
 
     @property
     def uses_reference_trainer(self) -> bool:
         """True when the operator runs the bundled trainer (no command of your own, no workload of your own)."""
         return self.command is None and self.workload_ref is None
+
+    @property
+    def resumes(self) -> bool:
+        """Whether a restarted trainer continues where it stopped: the reference trainer only from checkpoints."""
+        return not self.uses_reference_trainer or self.reference.checkpoint_every > 0
 
     @model_validator(mode="after")
     def _one_trainer(self) -> TrainerSpec:

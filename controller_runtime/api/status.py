@@ -124,6 +124,10 @@ class RLJobStatus(ApiModel):
     total_engines: int = Field(default=0, description="Cells desired.")
     ready: str = Field(default="0/0", description="ready/total engine cells, for the printer column.")
     restarts_total: int = Field(default=0, description="Cell recreations over the job's life.")
+    trainer_restarts: int = Field(
+        default=0,
+        description="Times the trainer pods were recreated together after a rank failed (spec.trainer.maxRestarts bounds it).",
+    )
     start_time: str | None = Field(default=None, description="When the job started (RFC 3339).")
     completion_time: str | None = Field(default=None, description="When the job Succeeded or Failed (RFC 3339).")
     queue: QueueStatus | None = Field(default=None, description="Kueue's decision, for jobs queued through Kueue.")

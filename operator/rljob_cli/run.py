@@ -302,10 +302,10 @@ class LocalRun:
         the others down (the rank discipline fails them naming it), and all start again together.
         """
         ref = self.spec.trainer.reference
-        metrics = self.out / "trainer-steps.jsonl"
-        metrics.unlink(missing_ok=True)
+        metrics, evals = self.out / "trainer-steps.jsonl", self.out / "trainer-evals.jsonl"
         batches = self.out / "trainer-batches.jsonl"
-        batches.unlink(missing_ok=True)
+        for path in (metrics, evals, batches):
+            path.unlink(missing_ok=True)
         env = dict(os.environ, RLJOB_CONTROLLER_URL=api.url, RLJOB_NAME=self.job, RLJOB_NAMESPACE=LOCAL_NAMESPACE,
                    RLJOB_CONTROLLER_TOKEN_FILE=str(api.token_file), RLJOB_ROLLOUT_ADDRESS=ready["client_address"],
                    RANK="0", WORLD_SIZE="1", POD_NAME="trainer-0", RLJOB_WEIGHT_UPDATE_METHOD="disk",
@@ -317,10 +317,10 @@ class LocalRun:
                 "--algorithm", ref.algorithm, "--weights-dir", str(self.out / "weights"),
                 "--engine", str(self.spec.inference.engine),
                 "--pause-mode", str(self.spec.inference.weight_update.pause_mode), "--metrics-file", str(metrics),
-                "--batches-file", str(batches), *ref.checkpoint_flags(),
+                "--eval-file", str(evals), "--batches-file", str(batches), *ref.checkpoint_flags(),
                 *ref.loss_flags(self.spec.rollout.sampling.temperature)]
         log_path = self.logs / "trainer.log"
-        seen, restarts = 0, 0
+        seen, seen_evals, restarts = 0, 0, 0
         while True:
             if world > 1:
                 env.update(WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
@@ -332,12 +332,14 @@ class LocalRun:
             self.progress.status(f"{world} trainer process{'es' if world > 1 else ''} started (python -m rljob_client.trainer)")
             try:
                 while True:
-                    lines = metrics.read_text().splitlines() if metrics.exists() else []
-                    for line in lines[seen:]:
-                        record = StepRecord(**json.loads(line))
+                    records, seen = new_json_lines(metrics, seen)
+                    for record in [StepRecord(**line) for line in records]:
                         self.records = [r for r in self.records if r.step < record.step]  # redone after a resume
                         self._on_step(record)
-                    seen = len(lines)
+                    points, seen_evals = new_json_lines(evals, seen_evals)
+                    for point in [EvalPoint(**line) for line in points]:
+                        self.evals = [e for e in self.evals if e.step < point.step]  # redone after a resume
+                        self._on_eval(point)
                     if all(p.poll() is not None for p in procs):
                         break
                     await asyncio.sleep(0.5)
@@ -488,6 +490,12 @@ class LocalRun:
             print(f"warning: {len(left)} child processes survived SIGKILL: {[r['pid'] for r in left]}", file=sys.stderr)
         print(f"summary: {path}" + (f"\nreward curve: {self.out / report.CURVE}" if self.records else ""),
               file=sys.stderr)
+
+
+def new_json_lines(path: Path, seen: int) -> tuple[list[dict[str, Any]], int]:
+    """The JSON lines `path` (a trainer's step or eval file) gained past its first `seen`, and its line count."""
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [json.loads(line) for line in lines[seen:]], len(lines)
 
 
 def rank_path(path: Path, rank: int) -> Path:

@@ -50,6 +50,7 @@ PRINTER_COLUMNS = [
     {"name": "Weights", "type": "string", "jsonPath": ".status.weightVersion", "description": "Weight version the serving engines hold."},
     {"name": "Rollout", "type": "integer", "jsonPath": ".status.rolloutId", "description": "Last rollout handed to the trainers."},
     {"name": "Queue", "type": "string", "jsonPath": ".status.queue.state", "description": "Kueue: Pending, Admitted, Evicted or Finished."},
+    {"name": "Pass@1", "type": "number", "jsonPath": ".status.lastEval.passAt1", "description": "pass@1 of the last evaluation of the policy."},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

@@ -28,6 +28,8 @@ MANAGER = "rljob-operator"
 # Annotations carrying the full (unshortened) names.
 JOB_NAME_ANNOTATION = f"{PREFIX}/job-name"
 CELL_NAME_ANNOTATION = f"{PREFIX}/cell-name"
+# On the trainer Job: how many times the trainer gang was recreated before this Job (0: the first).
+TRAINER_ATTEMPT_ANNOTATION = f"{PREFIX}/trainer-attempt"
 
 ROLE_ENGINE = "engine"
 ROLE_ROLLOUT = "rollout"

@@ -161,7 +161,7 @@ def test_applied_rljob_becomes_ready_and_describe_shows_engines_weights_and_even
 ) -> None:
     seconds, rows = apply_and_wait_ready(operator)
     print(f"\n[e2e] kubectl apply -> {CELLS}/{CELLS} Ready: {seconds:.1f} s; rows seen: {rows}")
-    assert list(rows[-1]) == ["NAME", "PHASE", "READY", "WEIGHTS", "ROLLOUT", "QUEUE"]
+    assert list(rows[-1]) == ["NAME", "PHASE", "READY", "WEIGHTS", "ROLLOUT", "QUEUE", "PASS@1"]
     assert rows[-1]["NAME"] == JOB
 
     text = describe(operator)

@@ -159,7 +159,7 @@ def test_printer_columns_show_status(crd, namespace: str) -> None:
     crd.kubectl("patch", "rljob", "columns", "-n", namespace, "--subresource=status", "--type=merge",
                 "-p", json.dumps({"status": status}))
     header, row = crd.kubectl("get", "rlj", "columns", "-n", namespace).stdout.splitlines()
-    assert header.split() == ["NAME", "PHASE", "READY", "WEIGHTS", "ROLLOUT", "QUEUE", "AGE"]
+    assert header.split() == ["NAME", "PHASE", "READY", "WEIGHTS", "ROLLOUT", "QUEUE", "PASS@1", "AGE"]
     assert row.split()[:6] == ["columns", "Running", "3/4", "v7", "12", "Admitted"]
 
 

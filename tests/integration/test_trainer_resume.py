@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "tiny-cpu.yaml"
 RLJOB = [sys.executable, "-m", "rljob_cli.main"]
 RUN_TIMEOUT_S = 900
-STEPS, SAVE_EVERY = 8, 2
+STEPS, SAVE_EVERY, EVAL_EVERY = 8, 2, 4
 
 pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM (CPU build) is not installed"),
@@ -52,6 +52,8 @@ def still_running(record: dict[str, Any]) -> bool:
 def test_a_trainer_killed_with_sigkill_resumes_from_its_last_checkpoint(tmp_path: Path) -> None:
     data = yaml.safe_load(EXAMPLE.read_text())
     data["spec"]["trainer"]["reference"]["saveEverySteps"] = SAVE_EVERY
+    # Eval points from the trainer process reach the summary and the curve, a redone one replacing the first.
+    data["spec"]["rollout"]["eval"] = {"everySteps": EVAL_EVERY, "maxPrompts": 16, "maxTokens": 16}
     manifest = tmp_path / "resume.yaml"
     manifest.write_text(yaml.safe_dump(data))
     out = tmp_path / "run"
@@ -95,6 +97,10 @@ def test_a_trainer_killed_with_sigkill_resumes_from_its_last_checkpoint(tmp_path
     summary = json.loads((out / "summary.json").read_text())
     assert summary["completed"] is True and summary["steps"] == STEPS
     assert summary["weight_versions"] == list(range(1, STEPS + 1)), "the curve is the resumed run's lineage"
+    evals = summary["evals"]
+    assert [e["step"] for e in evals] == [4, 8] and not any(e["skipped"] for e in evals), evals
+    assert [e["weight_version"] for e in evals] == ["4", "8"]
+    assert summary["status"]["lastEval"]["passAt1"] == pytest.approx(evals[-1]["pass_at_1"])
 
     # Prompts: every step of the lineage trained on the dataset's order, and a redone step got the
     # very prompts of its first attempt (none skipped, none repeated).

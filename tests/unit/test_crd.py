@@ -75,6 +75,7 @@ def test_printer_columns(crd: dict[str, Any]) -> None:
         ("Weights", "string", ".status.weightVersion"),
         ("Rollout", "integer", ".status.rolloutId"),
         ("Queue", "string", ".status.queue.state"),
+        ("Pass@1", "number", ".status.lastEval.passAt1"),
         ("Age", "date", ".metadata.creationTimestamp"),
     }
 
@@ -82,16 +83,13 @@ def test_printer_columns(crd: dict[str, Any]) -> None:
 def test_printer_columns_point_at_status_fields(schema: dict[str, Any], crd: dict[str, Any]) -> None:
     status = schema["properties"]["status"]["properties"]
     for column in crd["spec"]["versions"][0]["additionalPrinterColumns"]:
-        root, _, name = column["jsonPath"].lstrip(".").partition(".")
+        root, *path = column["jsonPath"].lstrip(".").split(".")
         if root == "status":
-            *parents, leaf = name.split(".")  # nested fields: status.queue.state
-            props = status
-            for part in parents:
-                assert part in props, column
-                props = props[part]["properties"]
-            assert leaf in props, column
-            want = "integer" if column["type"] == "integer" else "string"
-            assert props[leaf]["type"] == want, column
+            field: dict[str, Any] = {"properties": status}
+            for name in path:
+                assert name in field.get("properties", {}), column
+                field = field["properties"][name]
+            assert field["type"] == column["type"], column
 
 
 FORBIDDEN_KEYS = {"$ref", "$defs", "anyOf", "oneOf", "allOf", "not", "title", "const", "definitions"}

@@ -221,3 +221,47 @@ async def test_a_failing_engine_pass_is_reported_as_a_reconcile_error_and_recove
     await settle(rt)
     assert body["status"]["ready"] == "2/2"
     await rt.recorder.close()
+
+
+async def test_a_failed_trainer_job_is_recreated_as_the_next_attempt_and_counted_in_status():
+    clock, platform = FakeClock(), FakePlatform()
+    body = rljob()
+    body["spec"]["trainer"] = {"replicas": 2, "gpusPerReplica": 0, "reference": {"saveEverySteps": 2}}
+    rt, kube, applied = runtime(body, platform, clock)
+    failed = {
+        "metadata": {"annotations": {"rljob.io/trainer-attempt": "0"}},
+        "status": {
+            "failedIndexes": "1",
+            "conditions": [{"type": "Failed", "status": "True", "reason": "MaxFailedIndexesExceeded"}],
+        },
+    }
+    stored: list[dict[str, Any] | None] = [failed]
+    deleted: list[str] = []
+
+    async def get_job(ns: str, name: str) -> dict[str, Any] | None:
+        return stored[-1]
+
+    async def delete_job(ns: str, name: str) -> None:
+        deleted.append(name)
+        stored.append(None)
+
+    record = kube.apply
+
+    async def apply(obj: dict[str, Any]) -> dict[str, Any]:
+        if obj["kind"] == "Job":
+            stored.append({"metadata": obj["metadata"], "status": {}})
+        return await record(obj)
+
+    kube.get_job, kube.delete_job, kube.apply = get_job, delete_job, apply
+    rt.recorder.start()
+    await rt.run_pass()
+    await rt.run_pass()
+    await rt.recorder.flush()
+    assert deleted == ["job-trainer"]  # once: the second pass sees attempt 1 running
+    jobs = [o for o in applied if o["kind"] == "Job"]
+    assert {o["metadata"]["annotations"]["rljob.io/trainer-attempt"] for o in jobs} == {"1"}
+    status = kube.body["status"]
+    assert status["trainerRestarts"] == 1 and status["phase"] != "Failed"
+    restarted = [m for _, r, m in kube.events if r == "TrainerRestarted"]
+    assert len(restarted) == 1 and "failed rank: 1" in restarted[0] and "restart 1 of 3" in restarted[0]
+    await rt.recorder.close()

@@ -332,7 +332,10 @@ def test_trainer_is_an_indexed_job_with_torchrun_env() -> None:
     spec = tj["spec"]
     assert spec["completionMode"] == "Indexed"
     assert spec["completions"] == spec["parallelism"] == 4
-    assert spec["backoffLimit"] == 0
+    # Any rank's failure fails the Job at once (the operator restarts the gang), naming the rank.
+    assert (spec["backoffLimitPerIndex"], spec["maxFailedIndexes"]) == (0, 0) and "backoffLimit" not in spec
+    assert tj["metadata"]["annotations"]["rljob.io/trainer-attempt"] == "0"
+    assert trainer_workload(j, URL, 2)[1]["metadata"]["annotations"]["rljob.io/trainer-attempt"] == "2"
     pod = spec["template"]["spec"]
     assert pod["subdomain"] == "llama-70b-trainer" and pod["restartPolicy"] == "Never"
     assert all(spec["template"]["metadata"]["labels"][k] == v for k, v in svc["spec"]["selector"].items())

@@ -29,3 +29,9 @@ def test_the_smoke_run_reports_both_modes_over_the_same_samples() -> None:
     assert sync["rewards"] == overlap["rewards"], "the same rollouts, in the same order"
     # The ratio itself is a measurement (bench/RESULTS.md), not something a test asserts.
     assert result["samples_per_second_ratio"] > 0 and "ratio" in bench.summary_line(result)
+
+
+def test_split_cores_binds_the_engine_and_the_rest_of_the_run_apart() -> None:
+    bench = load_bench()
+    assert bench.split_env("0:1") == {"VLLM_CPU_OMP_THREADS_BIND": "0", "RLJOB_BENCH_CPUS": "1"}
+    assert bench.split_env(None) == {}

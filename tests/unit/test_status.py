@@ -94,3 +94,15 @@ def test_trainer_state_from_job_conditions():
 
 def test_status_delta_holds_only_changes_and_explicit_deletions():
     assert status_delta({"a": 1, "lock": {"h": 1}}, {"a": 1, "lock": None}) == {"lock": None}
+
+
+def test_a_trainer_that_spent_its_restarts_fails_the_job_with_that_reason_and_the_count_stays():
+    s, _ = build_status({}, Observed(now=T0, replicas=1, controller=ctl("Serving"), trainer=TrainerState.running,
+                                     trainer_restarts=2))
+    assert s["phase"] == "Running" and s["trainerRestarts"] == 2
+    s, _ = build_status(s, Observed(now=T0 + 1, replicas=1, controller=ctl("Serving"), trainer=TrainerState.failed,
+                                    trainer_message="rank 1 failed; spec.trainer.maxRestarts (2) restarts spent",
+                                    trainer_reason="TrainerRestartBudgetExhausted"))
+    failed = find(s["conditions"], "Failed")
+    assert s["phase"] == "Failed" and (failed["reason"], failed["status"]) == ("TrainerRestartBudgetExhausted", "True")
+    assert "maxRestarts (2)" in failed["message"] and s["trainerRestarts"] == 2  # never counted down

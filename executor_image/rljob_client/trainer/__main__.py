@@ -106,6 +106,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--metrics-file", default=env("RLJOB_METRICS_FILE"),
                    help="append one JSON line per step (rewards, versions, timings) to this file")
+    p.add_argument("--eval-file", default=env("RLJOB_EVAL_FILE"),
+                   help="append one JSON line per evaluation of the policy (spec.rollout.eval) to this file")
     args = p.parse_args(argv)
     if not args.model:
         p.error("--model (or RLJOB_MODEL_PATH) is required")
@@ -121,6 +123,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if os.environ.get("RLJOB_WEIGHT_UPDATE_METHOD", "disk") != "disk":
         p.error(f"the reference trainer syncs weights by disk only, not {os.environ['RLJOB_WEIGHT_UPDATE_METHOD']!r}")
     return args
+
+
+def append_line(path: Path | None, record: dict[str, Any]) -> None:
+    """One JSON line onto `path` (the step and eval files `rljob run` reads as they grow)."""
+    if path is not None:
+        with path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
 
 
 def init_distributed(rank: int, world_size: int) -> None:
@@ -173,37 +182,38 @@ async def train(args: argparse.Namespace) -> int:
     if ckpt is not None:
         if rank == 0:
             await abort_orphan_window(controller, controller.holder)
-        start_step = await resume_from(ckpt, policy, restore_executor=(
+        start_step = await resume_from(ckpt, policy, rank=rank, restore_executor=(
             (lambda state: asyncio.to_thread(stream.restore, state)) if rank == 0 else None))
         if world_size > 1:  # no rank asks for a rollout before the executor is back at the checkpoint
             import torch.distributed as dist
 
             await asyncio.to_thread(dist.barrier)
-    checkpointer = Checkpointer(store, args.save_every if rank == 0 else 0, policy,
+    ranks = StoreRanks.from_process_group() if world_size > 1 else None
+    checkpointer = Checkpointer(store, args.save_every, policy, ranks=ranks,  # every rank: each hands its RNG state
                                 executor_state=lambda rollout_id: asyncio.to_thread(stream.checkpoint, rollout_id))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     metrics = Path(args.metrics_file) if args.metrics_file else None
+    evals = Path(args.eval_file) if args.eval_file else None
 
     def on_step(r: StepRecord) -> None:
         log.info("step %d reward %.3f loss %.4f v%d (%.2f s)", r.step, r.reward_mean, r.loss, r.weight_version,
                  r.step_seconds)
-        if metrics is not None:
-            with metrics.open("a") as f:
-                f.write(json.dumps(r.to_dict()) + "\n")
+        append_line(metrics, r.to_dict())
         checkpointer.after_step(r)
 
     training = TrainingLoop(
         config, controller, BatchLog(stream, Path(args.batches_file), rank) if args.batches_file
         else ThreadedRolloutStream(stream), policy,
         lambda endpoint: make_engine_client(config.engine, endpoint), writer=writer, on_step=on_step,
-        ranks=StoreRanks.from_process_group() if world_size > 1 else None,
+        ranks=ranks,
     )
     if rank == 0:  # the writer evaluates when spec.rollout.eval asks (everySteps comes from the executor)
         training.evaluator = await asyncio.to_thread(PolicyEvaluator.from_stream, stream, args.steps,
-                                                     lambda v: str(writer.path_for(v)))
+                                                     lambda v: str(writer.path_for(v)),
+                                                     lambda point: append_line(evals, point.to_dict()))
     try:
         await training.run(stop, start_step=start_step)
         await checkpointer.close()

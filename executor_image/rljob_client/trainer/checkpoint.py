@@ -6,7 +6,9 @@ A checkpoint is a directory `step-<N>/` under the checkpoint root (N: the next s
   names, as tied embeddings are, is stored once; the manifest's `aliases` re-tie it);
 - `optimizer.pt`: the optimizer's state_dict (`torch.save`; read back with `weights_only=True`,
   so a checkpoint can never run code);
-- `rng.json`: the python, numpy and torch (CPU, and CUDA when present) RNG states;
+- `rng.json`: the python, numpy and torch (CPU, and CUDA when present) RNG states of every
+  rank, `{"ranks": [rank 0's, rank 1's, ...]}` (each rank resumes its own stream; a checkpoint
+  written before per-rank states holds rank 0's state alone, `rank_rng` reads both);
 - `manifest.json`: format, step, weight version, the executor's state (dataset position and
   pending rollouts, as the executor handed it over), and every file's size and sha256.
 
@@ -113,6 +115,15 @@ def capture_rng() -> dict[str, Any]:
     return out
 
 
+def rank_rng(rng: dict[str, Any], rank: int) -> dict[str, Any] | None:
+    """Rank `rank`'s RNG state in a checkpoint's `rng`, or None when the checkpoint has none for it
+    (it was saved by fewer ranks, or before states were per rank: then it is rank 0's)."""
+    if "ranks" not in rng:
+        return rng if rank == 0 else None
+    ranks = rng["ranks"]
+    return ranks[rank] if rank < len(ranks) and ranks[rank] is not None else None
+
+
 def restore_rng(state: dict[str, Any]) -> None:
     py_version, py_state, py_gauss = state["python"]
     random.setstate((py_version, tuple(py_state), py_gauss))
@@ -121,6 +132,27 @@ def restore_rng(state: dict[str, Any]) -> None:
     torch.set_rng_state(_unb64(state["torch"]))
     if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
         torch.cuda.set_rng_state_all([_unb64(s) for s in state["cuda"]])
+
+
+def take_checkpoint(model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int, weight_version: int,
+                    executor: dict[str, Any] | None = None) -> Checkpoint:
+    """A trainer's state after training step `step - 1`, copied (a save may run beside the next step).
+
+    Its RNG states are the calling rank's alone; the writer adds its peers' before saving
+    (`trainer/resume.py`)."""
+    return Checkpoint(step=step, weight_version=weight_version, model=model_state(model),
+                      optimizer=optimizer_state(optimizer), rng={"ranks": [capture_rng()]}, executor=executor)
+
+
+def restore_checkpoint(ckpt: Checkpoint, model: torch.nn.Module, optimizer: torch.optim.Optimizer, rank: int) -> bool:
+    """Put `ckpt`'s weights, optimizer and rank `rank`'s own RNG states back; False when it holds no RNG
+    state for that rank (the rank then keeps its seeded RNGs)."""
+    model.load_state_dict(ckpt.model, strict=True)
+    optimizer.load_state_dict(ckpt.optimizer)
+    state = rank_rng(ckpt.rng, rank)
+    if state is not None:
+        restore_rng(state)
+    return state is not None
 
 
 # ---- the files -----------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ temperature included, so the gradient is for the policy the engines sampled from
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import dataclass
@@ -21,10 +22,12 @@ import torch
 
 from controller_runtime.api.spec import OffPolicySpec, ReferenceTrainerSpec, RLJobSpec
 from rljob_client.trainer import grpo
-from rljob_client.trainer.checkpoint import Checkpoint, capture_rng, model_state, optimizer_state, restore_rng
+from rljob_client.trainer.checkpoint import Checkpoint, restore_checkpoint, take_checkpoint
 
 if TYPE_CHECKING:  # the executor's batch type; imported for annotations only
     from rljob_client.trainbatch import TrainBatch
+
+log = logging.getLogger(__name__)
 
 DEFAULT_MAX_GRAD_NORM = ReferenceTrainerSpec().max_grad_norm
 
@@ -69,15 +72,14 @@ class PolicyTrainer:
                    correction=grpo.OffPolicyCorrection.from_spec(ref.off_policy))
 
     def checkpoint(self, step: int, weight_version: int, executor: dict[str, Any] | None = None) -> Checkpoint:
-        """This trainer's state after training step `step - 1`, copied (a save may run beside the next step)."""
-        return Checkpoint(step=step, weight_version=weight_version, model=model_state(self.model),
-                          optimizer=optimizer_state(self.optimizer), rng=capture_rng(), executor=executor)
+        """This trainer's state after training step `step - 1` (this rank's RNG states), copied."""
+        return take_checkpoint(self.model, self.optimizer, step, weight_version, executor)
 
-    def restore(self, ckpt: Checkpoint) -> None:
-        """Continue from `ckpt`: its weights (full precision), the optimizer's moments and step counts, the RNGs."""
-        self.model.load_state_dict(ckpt.model, strict=True)
-        self.optimizer.load_state_dict(ckpt.optimizer)
-        restore_rng(ckpt.rng)
+    def restore(self, ckpt: Checkpoint, rank: int = 0) -> None:
+        """Continue from `ckpt`: its weights (full precision), the optimizer's moments and step counts, and
+        this rank's own RNG states (a rank the checkpoint has none for keeps its seeded ones, and says so)."""
+        if not restore_checkpoint(ckpt, self.model, self.optimizer, rank):
+            log.warning("checkpoint %s holds no RNG state of rank %d: it keeps its seeded RNGs", ckpt.path, rank)
 
     @property
     def optimizer_steps(self) -> int:

@@ -57,6 +57,12 @@ class RankSync(Protocol):
     async def failure(self, exc: BaseException, phase: str) -> RankFailed:
         """The error to raise when a collective failed in `phase`, naming the rank that is gone."""
 
+    def offer(self, kind: str, step: int, value: str) -> None:
+        """A non-writer rank hands `value` (e.g. its RNG state after `step`) to the writer."""
+
+    async def collect(self, kind: str, step: int) -> list[str]:
+        """The writer's side of `offer`: the values of ranks 1..world_size-1 for `step`, in rank order."""
+
     def close(self) -> None: ...
 
 
@@ -76,6 +82,12 @@ class SingleRank:
 
     async def failure(self, exc: BaseException, phase: str) -> RankFailed:
         return RankFailed(f"rank 0: {phase} failed: {type(exc).__name__}: {exc}")
+
+    def offer(self, kind: str, step: int, value: str) -> None:
+        raise ValueError("the only rank is the writer: it has no one to offer to")
+
+    async def collect(self, kind: str, step: int) -> list[str]:
+        return []
 
     def close(self) -> None:
         return None
@@ -136,18 +148,39 @@ class StoreRanks:
                     await asyncio.to_thread(self.store.delete_key, self._key("live", step - 2))
             return version
         self.at(f"step {step}: waiting for rank 0 to make the weights live")
+        return int(await self._wait_for(key, 0, f"the weights of step {step}", f"make the weights of step {step} live"))
+
+    def offer(self, kind: str, step: int, value: str) -> None:
+        if self.rank == 0:
+            raise ValueError("the writer rank collects, it does not offer")
+        self.store.set(f"rljob/{kind}/{step}/{self.rank}", value)
+
+    async def collect(self, kind: str, step: int) -> list[str]:
+        out = []
+        for peer in range(1, self.world_size):
+            key = f"rljob/{kind}/{step}/{peer}"
+            out.append((await self._wait_for(key, peer, f"rank {peer}'s {kind} of step {step}",
+                                             f"hand over its {kind} of step {step}")).decode())
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(self.store.delete_key, key)
+        return out
+
+    async def _wait_for(self, key: str, peer: int, waiting_for: str, late: str) -> bytes:
+        """The value of `key` once `peer` set it; RankFailed when the store is gone or `timeout_seconds` pass."""
         deadline = time.monotonic() + self.timeout_seconds
         while True:
             try:
                 await asyncio.to_thread(self.store.wait, [key], datetime.timedelta(seconds=POLL_SECONDS))
-                return int(await asyncio.to_thread(self.store.get, key))
+                value: bytes = await asyncio.to_thread(self.store.get, key)
+                return value
             except Exception as exc:  # DistStoreError: a wait that timed out; DistNetworkError: the store is gone
                 if not _is_wait_timeout(exc):
                     raise RankFailed(f"rank {self.rank}: rank 0 is gone (its store stopped answering) while "
-                                     f"waiting for the weights of step {step}: {_first_line(exc)}") from exc
+                                     f"waiting for {waiting_for}: {_first_line(exc)}") from exc
                 if time.monotonic() > deadline:
-                    raise RankFailed(f"rank {self.rank}: rank 0 did not make the weights of step {step} live within "
-                                     f"{self.timeout_seconds:g} s (rank 0 last at: {self._phase_of(0)!r})") from exc
+                    raise RankFailed(f"rank {self.rank}: rank {peer} did not {late} within "
+                                     f"{self.timeout_seconds:g} s (rank {peer} last at: {self._phase_of(peer)!r})"
+                                     ) from exc
 
     def _phase_of(self, rank: int) -> str:
         try:

@@ -6,21 +6,26 @@ step to train) holds the weights that were pushed as version s + 1 and the execu
 after rollout s, so a trainer resumed from it trains step s + 1 on the same prompts the first
 attempt got, and nothing before it again.
 
-Only the writer rank (rank 0) saves: data-parallel ranks hold the same weights and optimizer
-state after every all-reduced step. Every rank restores from the same checkpoint.
+Only the writer rank (rank 0) writes files: data-parallel ranks hold the same weights and
+optimizer state after every all-reduced step. Their RNG states differ, though (each draws its
+own dropout masks, its own samples), so at a checkpoint step every other rank hands its RNG
+state to rank 0 through the process group's store (`RankSync.offer`/`collect`), and each rank
+restores its own on resume.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from rljob_client.controller_client import ControllerClient
-from rljob_client.trainer.checkpoint import Checkpoint, CheckpointStore
+from rljob_client.trainer.checkpoint import Checkpoint, CheckpointStore, capture_rng
 from rljob_client.trainer.loop import StepRecord
 from rljob_client.trainer.policy import PolicyTrainer
+from rljob_client.trainer.ranks import RankSync, SingleRank
 
 log = logging.getLogger(__name__)
 
@@ -40,11 +45,12 @@ class Checkpointer:
     """
 
     def __init__(self, store: CheckpointStore, every: int, policy: PolicyTrainer,
-                 executor_state: ExecutorState | None = None) -> None:
+                 executor_state: ExecutorState | None = None, ranks: RankSync | None = None) -> None:
         self.store = store
         self.every = every
         self.policy = policy
         self.executor_state = executor_state
+        self.ranks: RankSync = ranks or SingleRank()
         self._task: asyncio.Future[None] | None = None
         self.saved: list[int] = []
 
@@ -55,12 +61,17 @@ class Checkpointer:
         self._raise_failure()
         if not self.due(record.step):
             return
+        if self.ranks.rank != 0:  # the writer saves; this rank's part is its RNG state
+            self.ranks.offer("rng", record.step, json.dumps(capture_rng()))
+            return
         ckpt = self.policy.checkpoint(record.step + 1, record.weight_version)
         self._task = asyncio.ensure_future(self._save(ckpt, record.step, self._task))
 
     async def _save(self, ckpt: Checkpoint, rollout_id: int, previous: asyncio.Future[None] | None) -> None:
         if previous is not None:
             await previous
+        peers = await self.ranks.collect("rng", rollout_id)
+        ckpt.rng = {"ranks": [*ckpt.rng["ranks"], *(json.loads(p) for p in peers)]}
         if self.executor_state is not None:
             state = await self.executor_state(rollout_id)
             if state is not None:  # the executor may already be a version further: the checkpoint's counts
@@ -100,9 +111,10 @@ async def abort_orphan_window(controller: ControllerClient, holder: str) -> bool
 
 
 async def resume_from(ckpt: Checkpoint, policy: PolicyTrainer, *, restore_executor: Callable[[dict[str, Any]], Awaitable[Any]]
-                      | None = None) -> int:
-    """Put `ckpt` back into the policy (and, for the writer, the executor); returns the step to start at."""
-    policy.restore(ckpt)
+                      | None = None, rank: int = 0) -> int:
+    """Put `ckpt` back into the policy (this rank's RNG states; for the writer, the executor too); returns the
+    step to start at."""
+    policy.restore(ckpt, rank)
     if restore_executor is not None and ckpt.executor is not None:
         await restore_executor(ckpt.executor)
     log.info("resumed from checkpoint %s: step %d, weights v%d, %d optimizer steps", ckpt.path, ckpt.step,

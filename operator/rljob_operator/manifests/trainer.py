@@ -14,10 +14,14 @@ JobSet, and PyTorchJob before it with its own pods):
   drives), completion, and elastic resizing (`parallelism` and `completions` change
   together for Indexed Jobs).
 
-Failure policy: one failed rank breaks the whole process group, so `backoffLimit: 0`
-fails the Job at the first real failure and the RLJob reports it; disruptions
-(preemption, node drain: the `DisruptionTarget` condition) are ignored, so an evicted
-rank is recreated with the same index instead of failing the job.
+Failure policy: one failed rank breaks the whole process group (the others fail within their
+bounded collective timeout), so the Job fails at the first real failure of any rank
+(`backoffLimitPerIndex: 0`, `maxFailedIndexes: 0`: `status.failedIndexes` then names the
+rank) and the operator recreates the whole Job, every rank at once, from the newest checkpoint
+(`reconcile/trainer_restart.py`), as JobSet's failure policy and Kubeflow's PyTorchJob restart a
+torch gang. The Job carries its attempt number. Disruptions (preemption, node drain: the
+`DisruptionTarget` condition) are ignored, so an evicted rank is recreated with the same index
+instead of failing the job.
 """
 
 from __future__ import annotations
@@ -110,7 +114,7 @@ def trainer_service(view: JobView) -> dict[str, Any]:
     }
 
 
-def trainer_job(view: JobView, controller_url: str) -> dict[str, Any]:
+def trainer_job(view: JobView, controller_url: str, attempt: int = 0) -> dict[str, Any]:
     t: TrainerSpec = view.spec.trainer
     name = trainer_name(view.name)
     command, args = trainer_command(view)
@@ -148,12 +152,15 @@ def trainer_job(view: JobView, controller_url: str) -> dict[str, Any]:
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": view.metadata(name, L.ROLE_TRAINER),
+        "metadata": view.metadata(
+            name, L.ROLE_TRAINER, annotations={L.TRAINER_ATTEMPT_ANNOTATION: str(attempt)}
+        ),
         "spec": {
             "completionMode": "Indexed",
             "completions": t.replicas,
             "parallelism": t.replicas,
-            "backoffLimit": 0,
+            "backoffLimitPerIndex": 0,
+            "maxFailedIndexes": 0,
             "podFailurePolicy": {
                 "rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]
             },
@@ -166,10 +173,14 @@ def trainer_job(view: JobView, controller_url: str) -> dict[str, Any]:
     }
 
 
-def trainer_workload(job: dict[str, Any] | JobView, controller_url: str) -> list[dict[str, Any]]:
-    """[headless Service, Indexed Job], or [] when the user runs the trainer (workloadRef) or replicas is 0."""
+def trainer_workload(
+    job: dict[str, Any] | JobView, controller_url: str, attempt: int = 0
+) -> list[dict[str, Any]]:
+    """[headless Service, Indexed Job], or [] when the user runs the trainer (workloadRef) or replicas is 0.
+
+    `attempt`: the trainer restarts so far (the operator reads it back from the live Job)."""
     view = JobView.of(job)
     t = view.spec.trainer
     if t.workload_ref is not None or t.replicas == 0:
         return []
-    return [trainer_service(view), trainer_job(view, controller_url)]
+    return [trainer_service(view), trainer_job(view, controller_url, attempt)]

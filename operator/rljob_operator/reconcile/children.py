@@ -9,7 +9,8 @@ The trainer Job's outcome is read on every pass: it decides Succeeded/Failed.
 A Job's pod template is immutable, so a trainer change that reaches it (replicas changes
 WORLD_SIZE, a new image or command) cannot be patched: the API server answers 422. Then the
 old Job is deleted and the new one created, which restarts distributed training the way
-Kubeflow Trainer and JobSet do when a gang's shape changes.
+Kubeflow Trainer and JobSet do when a gang's shape changes. A trainer Job that failed is
+recreated the same way, as the next attempt, while `reconcile/trainer_restart.py` allows it.
 """
 
 from __future__ import annotations
@@ -34,6 +35,12 @@ from rljob_operator.names import trainer_name
 from rljob_operator.reconcile.context import JobContext
 from rljob_operator.reconcile.flow import StepResult
 from rljob_operator.reconcile.job_status import TrainerState, trainer_state
+from rljob_operator.reconcile.trainer_restart import (
+    TrainerAction,
+    TrainerVerdict,
+    decide_trainer,
+    job_attempt,
+)
 
 CHILDREN_RESYNC_SECONDS = 30.0
 
@@ -54,6 +61,8 @@ class ChildrenSeen:
     applied: Applied | None
     trainer: TrainerState = TrainerState.absent
     trainer_message: str = ""
+    trainer_reason: str = ""
+    trainer_restarts: int = 0
 
 
 def placed_on(pod_spec: dict[str, Any], flavors: Sequence[FlavorPlacement]) -> dict[str, Any]:
@@ -69,7 +78,10 @@ def placed_on(pod_spec: dict[str, Any], flavors: Sequence[FlavorPlacement]) -> d
 
 
 def desired_children(
-    job: dict[str, Any], controller_url: str, executor_flavors: Sequence[FlavorPlacement] = ()
+    job: dict[str, Any],
+    controller_url: str,
+    executor_flavors: Sequence[FlavorPlacement] = (),
+    trainer_attempt: int = 0,
 ) -> list[dict[str, Any]]:
     """Every child object of the job except engine pods (the controller owns those)."""
     executor = executor_deployment(job, controller_url)
@@ -80,7 +92,7 @@ def desired_children(
         engines_service(job),
         executor_service(job),
         executor,
-        *trainer_workload(job, controller_url),
+        *trainer_workload(job, controller_url, trainer_attempt),
     ]
     rc = ray_cluster(job)
     if rc is not None:
@@ -96,19 +108,61 @@ async def ensure_children(
     controller_url: str,
     applied: Applied | None,
     executor_flavors: Sequence[FlavorPlacement] = (),
+    trainer_restarts: int = 0,
 ) -> ChildrenSeen:
-    """Apply the children when the spec changed or the resync is due; read the trainer's outcome.
+    """Read the trainer's outcome (restarting a failed one), apply the children when the spec
+    changed or the resync is due.
 
     `generation` is whatever changes when the children must be built anew: the spec's
-    generation, and Kueue's admission for a queued job.
+    generation, and Kueue's admission for a queued job. `trainer_restarts`:
+    status.trainerRestarts as stored.
     """
+    live = await observe_trainer(job, spec)
+    state, message = trainer_state(live) if live is not None else (TrainerState.absent, "")
+    verdict = decide_trainer(spec.trainer, state, message, max(job_attempt(live), trainer_restarts))
     now = job.clock.now()
+    if verdict.action is TrainerAction.restart:
+        await restart_trainer(job, spec, job_object, controller_url, verdict)
+        state, message, applied = TrainerState.running, "", Applied(generation, now)
     if applied is None or applied.generation != generation or now - applied.at >= CHILDREN_RESYNC_SECONDS:
-        for obj in desired_children(job_object, controller_url, executor_flavors):
+        for obj in desired_children(job_object, controller_url, executor_flavors, verdict.attempt):
             await apply_child(job, obj)
         applied = Applied(generation, now)
-    trainer, message = await observe_trainer(job, spec)
-    return ChildrenSeen(StepResult.proceed(), applied, trainer, message)
+    return ChildrenSeen(
+        StepResult.proceed(),
+        applied,
+        state,
+        verdict.message if verdict.action is TrainerAction.fail else message,
+        verdict.reason,
+        verdict.attempt,
+    )
+
+
+async def restart_trainer(
+    job: JobContext, spec: RLJobSpec, job_object: dict[str, Any], controller_url: str, verdict: TrainerVerdict
+) -> None:
+    """Delete the failed trainer Job and create it again as `verdict.attempt`: every rank restarts together."""
+    name = trainer_name(job.name)
+    failed = await job.kube.get_job(job.namespace, name)
+    await job.kube.delete_job(job.namespace, name)
+    await job_gone(job, name, ((failed or {}).get("metadata") or {}).get("uid"))
+    job.recorder.record(
+        "Warning",
+        "TrainerRestarted",
+        f"{verdict.message}; every rank restarts from the newest checkpoint "
+        f"(restart {verdict.attempt} of {spec.trainer.max_restarts})",
+    )
+    for obj in trainer_workload(job_object, controller_url, verdict.attempt):
+        await recreate_job(job, obj)
+
+
+async def job_gone(job: JobContext, name: str, uid: str | None, attempts: int = 20) -> None:
+    """Wait until the Job of `uid` is deleted: an apply before that would update the dying Job, not make a new one."""
+    for _ in range(attempts):
+        live = await job.kube.get_job(job.namespace, name)
+        if live is None or (live.get("metadata") or {}).get("uid") != uid:
+            return
+        await job.clock.sleep(0.5)
 
 
 async def apply_child(job: JobContext, obj: dict[str, Any]) -> None:
@@ -135,7 +189,8 @@ async def recreate_job(job: JobContext, obj: dict[str, Any], attempts: int = 20)
             await job.clock.sleep(0.5)
 
 
-async def observe_trainer(job: JobContext, spec: RLJobSpec) -> tuple[TrainerState, str]:
+async def observe_trainer(job: JobContext, spec: RLJobSpec) -> dict[str, Any] | None:
+    """The trainer Job as stored, or None when the trainer pods are not ours (or not there)."""
     if spec.trainer.workload_ref is not None or spec.trainer.replicas == 0:
-        return TrainerState.absent, ""
-    return trainer_state(await job.kube.get_job(job.namespace, trainer_name(job.name)))
+        return None
+    return await job.kube.get_job(job.namespace, trainer_name(job.name))

@@ -49,6 +49,8 @@ class Seen:
 
     trainer: TrainerState = TrainerState.absent
     trainer_message: str = ""
+    trainer_reason: str = ""
+    trainer_restarts: int = 0
     engine_pods_left: int = 0
 
 
@@ -148,6 +150,8 @@ class JobRuntime:
             controller=ctl.status_patch() if ctl else None,
             trainer=self.seen.trainer,
             trainer_message=self.seen.trainer_message,
+            trainer_reason=self.seen.trainer_reason,
+            trainer_restarts=self.seen.trainer_restarts,
             engine_pods_left=self.seen.engine_pods_left,
             queue=self.queue.state,
         )
@@ -165,11 +169,23 @@ class JobRuntime:
 
         async def ensure_children() -> StepResult:
             seen = await children.ensure_children(
-                self.job, spec, self.job_object(), self.build_key, self.controller_url, self._applied,
+                self.job,
+                spec,
+                self.job_object(),
+                self.build_key,
+                self.controller_url,
+                self._applied,
                 queueing.executor_placement(self.queue),
+                int(self.stored_status.get("trainerRestarts") or 0),
             )
             self._applied = seen.applied
-            self.seen = replace(self.seen, trainer=seen.trainer, trainer_message=seen.trainer_message)
+            self.seen = replace(
+                self.seen,
+                trainer=seen.trainer,
+                trainer_message=seen.trainer_message,
+                trainer_reason=seen.trainer_reason,
+                trainer_restarts=seen.trainer_restarts,
+            )
             return seen.result
 
         async def suspend() -> StepResult:

@@ -50,7 +50,9 @@ def trainer_state(job: Mapping[str, Any] | None) -> tuple[TrainerState, str]:
         if c.get("type") == "Complete":
             return TrainerState.succeeded, c.get("message") or "trainer Job completed"
         if c.get("type") == "Failed":
-            return TrainerState.failed, f"trainer Job failed: {c.get('reason', '')} {c.get('message', '')}".strip()
+            ranks = (job.get("status") or {}).get("failedIndexes")
+            failed = f"trainer Job failed: {c.get('reason', '')} {c.get('message', '')}".strip()
+            return TrainerState.failed, f"{failed} (failed rank: {ranks})" if ranks else failed
         if c.get("type") == "Suspended":
             return TrainerState.suspended, ""
     return TrainerState.running, ""
@@ -65,6 +67,8 @@ class Observed:
     controller: Mapping[str, Any] | None = None  # status_patch(), None while no controller runs
     trainer: TrainerState = TrainerState.absent
     trainer_message: str = ""
+    trainer_reason: str = ""  # the Failed condition's reason when the trainer fails the job
+    trainer_restarts: int = 0  # times the trainer gang was recreated (reconcile/trainer_restart.py)
     engine_pods_left: int = 0  # engine pods still existing while suspending/finishing
     queue: QueueState | None = None  # Kueue's decision; None for a job without a queue-name label
     extra: dict[str, Any] = field(default_factory=dict)
@@ -103,7 +107,11 @@ def build_status(prev: Mapping[str, Any] | None, obs: Observed) -> tuple[dict[st
         old = find(prev.get("conditions"), ConditionType.Failed.value) or {}
         failed_reason, failed_msg = old.get("reason", ""), old.get("message", "")
     elif obs.trainer is TrainerState.failed:
-        phase, failed_reason, failed_msg = Phase.Failed.value, "TrainerFailed", obs.trainer_message
+        phase, failed_reason, failed_msg = (
+            Phase.Failed.value,
+            obs.trainer_reason or "TrainerFailed",
+            obs.trainer_message,
+        )
     elif all_exhausted and not obs.suspend:
         phase, failed_reason = Phase.Failed.value, "RestartBudgetExhausted"
         failed_msg = f"every engine cell spent its restart budget: {', '.join(exhausted)}"
@@ -118,6 +126,9 @@ def build_status(prev: Mapping[str, Any] | None, obs: Observed) -> tuple[dict[st
     else:
         phase = Phase.Pending.value
     out["phase"] = phase
+    restarts = max(int(prev.get("trainerRestarts") or 0), obs.trainer_restarts)
+    if restarts:
+        out["trainerRestarts"] = restarts
     if prev.get("startTime"):
         out["startTime"] = prev["startTime"]
     elif phase == Phase.Running.value:
