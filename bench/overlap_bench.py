@@ -155,8 +155,9 @@ def cells_manifest(tmp: Path, cells: int) -> Path:
 
 def real(args: argparse.Namespace) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="overlap-bench-"))
+    order = (("sync", False), ("overlap", True))
     runs = {name: run_job(TINY, tmp / name, args.steps, overlap, args.trainer_threads, args.split_cores)
-            for name, overlap in (("sync", False), ("overlap", True))}
+            for name, overlap in (order[::-1] if args.overlap_first else order)}
     modes = {name: mode_report(s["per_step"]) for name, s in runs.items()}
     windows: dict[str, Any] = {"1": window_report(window_seconds(tmp / "sync"))}
     skipped: dict[str, str] = {}
@@ -171,6 +172,7 @@ def real(args: argparse.Namespace) -> dict[str, Any]:
         windows[str(cells)] = window_report(window_seconds(out))
     return {"bench": "overlap", "mode": "real", "job": str(TINY.relative_to(ROOT)), "steps": args.steps,
             "trainer_threads": args.trainer_threads or None, "split_cores": args.split_cores,
+            "order": list(runs),
             "load_average_after": {name: s["load_average_after"] for name, s in runs.items()}, "modes": modes, **compare(modes["sync"], modes["overlap"]), "window_by_cells": windows,
             "window_cells_skipped": skipped, "out": str(tmp),
             "wall_seconds": {name: s["wall_seconds"] for name, s in runs.items()}}
@@ -295,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="OMP_NUM_THREADS of the local run's in-process trainer, both modes (0: torch's default)")
     p.add_argument("--split-cores", metavar="ENGINE:REST",
                    help="e.g. 0:1: vLLM's compute threads on core 0, the rest of the run on core 1, both modes")
+    p.add_argument("--overlap-first", action="store_true",
+                   help="run the overlapped mode first (on a shared machine, to see the load's drift between modes)")
     p.add_argument("--json-out")
     args = p.parse_args(argv)
     result = smoke(args) if args.smoke else real(args)
