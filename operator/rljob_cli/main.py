@@ -1,4 +1,5 @@
-"""The `rljob` command: `rljob run MANIFEST` (local mode) and `rljob status` (a job on a cluster)."""
+"""The `rljob` command: `rljob run MANIFEST` (local mode), `rljob status` (a job on a cluster) and
+`rljob audit` (a job's history from audit records: a local run's logs or the operator's log)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,12 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("name")
     s.add_argument("-n", "--namespace", default=None)
     s.add_argument("--kubeconfig", default=None)
+    a = sub.add_parser("audit", help="print a job's history from audit records (local logs, a file, kubectl logs)")
+    a.add_argument("name", help="the RLJob's name")
+    a.add_argument("source", nargs="?", default="-",
+                   help="a local run's logs dir, a JSONL file or saved `kubectl logs` output; - (default): stdin")
+    a.add_argument("-n", "--namespace", default=None, help="only records of this namespace (cluster mode)")
+    a.add_argument("--type", action="append", default=[], help="only records of this type (repeatable)")
     return p
 
 
@@ -34,6 +41,10 @@ def main(argv: list[str] | None = None) -> int:
         from rljob_cli.status import status
 
         return status(args.name, args.namespace, args.kubeconfig)
+    if args.command == "audit":
+        from rljob_cli.audit import audit
+
+        return audit(args.name, args.source, args.namespace, args.type)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not args.verbose:  # controller events are shown by the progress display already
