@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from rljob_cli.audit import audit
 
 from controller_runtime.audit import (
