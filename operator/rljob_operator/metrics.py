@@ -21,14 +21,12 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from controller_runtime.api.status import CellState
 from controller_runtime.clock import Clock, RealClock
 from controller_runtime.events import ControllerEvent
 from controller_runtime.metric_specs import CELL, JOB, MetricSpec, build_metric
 from rljob_operator.job_gauges import JobSnapshot, job_samples
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
-STATES = tuple(s.value for s in CellState)
 
 
 SPECS: tuple[MetricSpec, ...] = (
@@ -121,7 +119,6 @@ SPECS: tuple[MetricSpec, ...] = (
         (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10),
     ),
 )
-BY_NAME = {s.name: s for s in SPECS}
 # Families computed at scrape time from the last written status.
 SCRAPED = tuple(s for s in SPECS if s.labels[:2] == JOB and s.type == "gauge")
 
@@ -176,10 +173,6 @@ class Metrics:
         """Count what a controller event closes or replaces."""
         if event.outcome is not None:
             self.windows.labels(namespace, job, event.outcome).inc()
-
-    def set_cells(self, namespace: str, job: str, states: Iterable[str]) -> None:
-        """Engine states alone (tests and callers without a whole status)."""
-        self.observe_status(namespace, job, {"engines": [{"state": s} for s in states]})
 
     def forget_job(self, namespace: str, job: str) -> None:
         self.job_gauges.jobs.pop((namespace, job), None)
