@@ -34,8 +34,12 @@ def select(records: Iterable[AuditRecord], job: str, namespace: str | None) -> l
     Records that name no job (old `rollout_manager` logs did not) belong to whichever job's
     logs they are in: a local run's directory holds one job.
     """
-    mine = [r for r in records if r.job in (job, None)
-            and (namespace is None or r.source_extra.get("namespace") in (None, namespace))]
+    mine = [
+        r
+        for r in records
+        if r.job in (job, None)
+        and (namespace is None or r.source_extra.get("namespace") in (None, namespace))
+    ]
     return sorted(mine, key=lambda r: r.timestamp)
 
 
@@ -44,8 +48,14 @@ def format_record(r: AuditRecord) -> str:
     return f"{r.timestamp}  {r.component:<20} {r.cell or '-':<24} {r.type:<16} {fields}".rstrip()
 
 
-def audit(job: str, source: str = "-", namespace: str | None = None, types: Iterable[str] = (),
-          out: TextIO = sys.stdout, stdin: TextIO = sys.stdin) -> int:
+def audit(
+    job: str,
+    source: str = "-",
+    namespace: str | None = None,
+    types: Iterable[str] = (),
+    out: TextIO = sys.stdout,
+    stdin: TextIO = sys.stdin,
+) -> int:
     try:
         records = select(read_audit_stream(_lines(source, stdin)), job, namespace)
     except OSError as exc:

@@ -32,5 +32,6 @@ def configure_audit(file_path: str | None = None) -> None:
 
 def job_audit(namespace: str, job: str) -> AuditWriter:
     logger = logging.getLogger(AUDIT_LOGGER)
-    return AuditWriter(job, lambda line: logger.info("%s", line), INFERENCE_CONTROLLER,
-                       source_extra={"namespace": namespace})
+    return AuditWriter(
+        job, lambda line: logger.info("%s", line), INFERENCE_CONTROLLER, source_extra={"namespace": namespace}
+    )

@@ -34,7 +34,9 @@ STATUS = {
 
 
 def test_job_gauges_follow_the_status_and_the_clock() -> None:
-    samples = {(name, labels): value for name, labels, value in job_samples(JobSnapshot(STATUS, max_restarts=2), NOW)}
+    samples = {
+        (name, labels): value for name, labels, value in job_samples(JobSnapshot(STATUS, max_restarts=2), NOW)
+    }
     assert samples[("rljob_job_phase", ("Running",))] == 1 and samples[("rljob_job_phase", ("Pending",))] == 0
     assert samples[("rljob_cells", ("Serving",))] == 1 and samples[("rljob_cells", ("Failed",))] == 1
     assert samples[("rljob_cells", ("Unhealthy",))] == 0  # every state is exported, 0 included
@@ -43,11 +45,15 @@ def test_job_gauges_follow_the_status_and_the_clock() -> None:
     assert samples[("rljob_cell_restarts_remaining", ("j-cell-1",))] == 0
     assert samples[("rljob_cell_last_probe_age_seconds", ("j-cell-0",))] == 2
     assert ("rljob_cell_last_probe_age_seconds", ("j-cell-1",)) not in samples  # never probed
-    assert samples[("rljob_lock_held_seconds", ())] == 90 and samples[("rljob_lock_overdue_seconds", ())] == 30
+    assert (
+        samples[("rljob_lock_held_seconds", ())] == 90 and samples[("rljob_lock_overdue_seconds", ())] == 30
+    )
 
 
 def test_no_lock_and_a_non_numeric_version() -> None:
-    samples = {(n, lb): v for n, lb, v in job_samples(JobSnapshot({"weightVersion": "init", "engines": []}), NOW)}
+    samples = {
+        (n, lb): v for n, lb, v in job_samples(JobSnapshot({"weightVersion": "init", "engines": []}), NOW)
+    }
     assert samples[("rljob_lock_held_seconds", ())] == 0 and samples[("rljob_lock_overdue_seconds", ())] == 0
     assert ("rljob_weight_version", ()) not in samples
     assert not any(n == "rljob_cell_restarts_remaining" for n, _ in samples)  # budget unknown yet
@@ -70,8 +76,12 @@ def test_operator_exports_every_declared_family_with_its_type() -> None:
 
 def test_each_closed_window_is_counted_once_by_its_outcome() -> None:
     m = Metrics()
-    events = [ControllerEvent(Reason.LockExpired, "expired"), ControllerEvent(Reason.WindowAborted, "x", outcome="expired"),
-              ControllerEvent(Reason.WeightsUpdated, "v2", outcome="completed"), ControllerEvent(Reason.CellServing, "x")]
+    events = [
+        ControllerEvent(Reason.LockExpired, "expired"),
+        ControllerEvent(Reason.WindowAborted, "x", outcome="expired"),
+        ControllerEvent(Reason.WeightsUpdated, "v2", outcome="completed"),
+        ControllerEvent(Reason.CellServing, "x"),
+    ]
     for e in events:
         m.count_event("ns", "j", e)
     text = m.exposition().decode()
