@@ -3,7 +3,9 @@
 Record shape (one line): `{"timestamp": "2026-11-29T09:30:00.123Z", "source": {"component":
 "inference_controller", "job": "demo", "cell": "demo-cell-0"}, "type": "cell_transition",
 ...fields}`. Files are `<component>.jsonl` in a directory (`inference_controller.jsonl`,
-`rollout_executor.jsonl`).
+`rollout_executor.jsonl`). In cluster mode the operator writes the same records, one per
+line, to its log stream under the logger `rljob.audit` (and to `--audit-log-file` if set), with
+the namespace in `source`; `read_audit_stream` picks them out of `kubectl logs` output.
 
 miles called the executor `rollout_manager` before the split; `read_audit_log` keeps reading
 such logs and reports their component as `rollout_executor`, so tools written against the
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -69,7 +72,40 @@ class AuditRecord:
         )
 
 
-class AuditLog:
+class AuditWriter:
+    """Formats one record per call and hands its JSON line to `write`.
+
+    Local mode writes the lines to a file per component (`AuditLog`); the operator writes them
+    to its log stream under one logger name (and optionally a file), so `kubectl logs` carries
+    the same records that local mode's files do.
+    """
+
+    def __init__(
+        self,
+        job: str,
+        write: Callable[[str], None],
+        component: str = INFERENCE_CONTROLLER,
+        clock: Clock | None = None,
+        source_extra: dict[str, Any] | None = None,
+    ) -> None:
+        self.job = job
+        self.component = component
+        self.clock = clock or RealClock()
+        self.source_extra = dict(source_extra or {})
+        self._write = write
+
+    def record(self, type: str, cell: str | None = None, **fields: Any) -> AuditRecord:
+        clash = RESERVED & fields.keys()
+        if clash:
+            raise ValueError(f"audit fields may not be named {sorted(clash)}")
+        rec = AuditRecord(
+            iso_ms(self.clock.now()), self.component, type, self.job, cell, dict(fields), dict(self.source_extra)
+        )
+        self._write(json.dumps(rec.to_json(), sort_keys=False, default=str))
+        return rec
+
+
+class AuditLog(AuditWriter):
     """Appends records to `<directory>/<component>.jsonl`; each line is flushed as written."""
 
     def __init__(
@@ -80,21 +116,36 @@ class AuditLog:
         clock: Clock | None = None,
     ) -> None:
         self.directory = Path(directory)
-        self.job = job
-        self.component = component
-        self.clock = clock or RealClock()
         self.directory.mkdir(parents=True, exist_ok=True)
         self.path = self.directory / f"{component}.jsonl"
+        super().__init__(job, self._append, component, clock)
 
-    def record(self, type: str, cell: str | None = None, **fields: Any) -> AuditRecord:
-        clash = RESERVED & fields.keys()
-        if clash:
-            raise ValueError(f"audit fields may not be named {sorted(clash)}")
-        rec = AuditRecord(iso_ms(self.clock.now()), self.component, type, self.job, cell, dict(fields))
-        line = json.dumps(rec.to_json(), sort_keys=False, default=str)
+    def _append(self, line: str) -> None:
         with self.path.open("a", encoding="utf-8") as fh:
             fh.write(line + "\n")
-        return rec
+
+
+def record_in_line(line: str) -> AuditRecord | None:
+    """The audit record a log line carries, or None for any other line.
+
+    Reads `kubectl logs` output: other loggers' lines (JSON or text) are skipped, and so is a
+    `--timestamps` prefix before the record's `{`.
+    """
+    start = line.find("{")
+    if start < 0:
+        return None
+    try:
+        data = json.loads(line[start:])
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(data, dict) or not {"timestamp", "source", "type"} <= data.keys():
+        return None
+    return AuditRecord.from_json(data)
+
+
+def read_audit_stream(lines: Iterable[str]) -> list[AuditRecord]:
+    """Every audit record among a log stream's lines (the operator's log, `kubectl logs`)."""
+    return [rec for line in lines if (rec := record_in_line(line)) is not None]
 
 
 def read_audit_log(path: str | os.PathLike[str]) -> list[AuditRecord]:

@@ -47,7 +47,7 @@ from typing import Any
 from controller_runtime.api.control import PREPARE_WAIT_SECONDS, RecordEvalRequest
 from controller_runtime.api.spec import InferenceSpec, MemoryTag
 from controller_runtime.api.status import CellState, EngineStatus, EvalStatus, RLJobStatus
-from controller_runtime.audit import AuditLog
+from controller_runtime.audit import AuditWriter
 from controller_runtime.cells import LOADED, UPDATABLE, Cell
 from controller_runtime.clock import Clock, RealClock, iso, sleep_or_stop
 from controller_runtime.deadline import call_within
@@ -106,7 +106,7 @@ class InferenceController:
         platform: Platform,
         engines: EngineClientFactory,
         clock: Clock | None = None,
-        audit: AuditLog | None = None,
+        audit: AuditWriter | None = None,
         on_event: Callable[[ControllerEvent], None] | None = None,
         restore: RLJobStatus | None = None,
         *,
@@ -589,7 +589,7 @@ class InferenceController:
             self.fleet.record("weights_updated", version=version, cells=[c.name for c in served],
                              seconds=round(took, 3), holder=lock.holder)
             self.fleet.emit(Reason.WeightsUpdated, f"weights updated to v{version} in {took:.1f} s "
-                       f"({len(served)} cells serving)")
+                       f"({len(served)} cells serving)", outcome="completed")
             return [c.name for c in served]
 
     async def _check_weights(self, lock: WindowLock, expected: dict[str, str] | None) -> None:
@@ -602,7 +602,7 @@ class InferenceController:
         self.fleet.record("weight_check", ok=not mismatched, mismatched=mismatched,
                          changed=changed_tensors(lock.checksums or {}, after))
         if mismatched:
-            await self._abort_locked(lock, "weight check failed")
+            await self._abort_locked(lock, "weight check failed", outcome="check_failed")
             self.fleet.emit(Reason.WeightCheckFailed, str(WeightCheckMismatch(mismatched)), warning=True)
             raise WeightCheckMismatch(mismatched)
 
@@ -615,7 +615,8 @@ class InferenceController:
             lock = self.lock.check(snapshot)
             return await self._abort_locked(lock, f"update window of {lock.holder!r} aborted")
 
-    async def _abort_locked(self, lock: WindowLock, why: str, *, reason: str = Reason.WindowAborted) -> list[str]:
+    async def _abort_locked(self, lock: WindowLock, why: str, *, reason: str = Reason.WindowAborted,
+                            outcome: str = "aborted") -> list[str]:
         stopped: list[str] = []
         failures: list[str] = []
         try:
@@ -634,10 +635,11 @@ class InferenceController:
         finally:
             self.lock.release()
             self.health.resume(PAUSE_WINDOW)
-        self.fleet.record("window_aborted", holder=lock.holder, why=why, stopped=stopped, failures=failures)
+        self.fleet.record("window_aborted", holder=lock.holder, why=why, outcome=outcome, stopped=stopped,
+                          failures=failures)
         self.fleet.emit(reason, f"{why}: stopped {stopped or 'no cells'}"
                    + (f"; stopping failed for {failures} (retried by reconcile)" if failures else ""),
-                   warning=True)
+                   warning=True, outcome=outcome)
         return stopped
 
     async def _expire_lock_if_due(self) -> tuple[WindowLock, list[str]] | None:
@@ -648,7 +650,7 @@ class InferenceController:
         self.fleet.emit(Reason.LockExpired, f"update window of {lock.holder!r} open since {iso(lock.since)} "
                    f"expired at {iso(lock.expires)}; aborting it", warning=True)
         self.fleet.record("lock_expired", holder=lock.holder, since=iso(lock.since), expires=iso(lock.expires))
-        return lock, await self._abort_locked(lock, f"lock of {lock.holder!r} expired")
+        return lock, await self._abort_locked(lock, f"lock of {lock.holder!r} expired", outcome="expired")
 
 
 def _next_version(current: str | None) -> str:

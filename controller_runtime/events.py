@@ -34,12 +34,18 @@ class Reason:
     ReconcileError = "ReconcileError"
 
 
+# How a weight-update window closed; its closing event (WeightsUpdated or WindowAborted) says it.
+WINDOW_OUTCOMES = ("completed", "aborted", "expired", "check_failed")
+
+
 @dataclass(frozen=True)
 class ControllerEvent:
     reason: str
     message: str
     cell: str | None = None
     warning: bool = False
+    # Set on the one event that closes a weight-update window: how it closed (see WINDOW_OUTCOMES).
+    outcome: str | None = None
 
     @property
     def type(self) -> str:

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from controller_runtime.api.status import CellState
-from controller_runtime.audit import AuditLog
+from controller_runtime.audit import AuditWriter
 from controller_runtime.cells import Cell, cell_name, eval_cell_name, is_eval_cell
 from controller_runtime.clock import Clock
 from controller_runtime.deadline import call_within
@@ -52,7 +52,7 @@ class Fleet:
         engines: EngineClientFactory,
         clock: Clock,
         *,
-        audit: AuditLog | None = None,
+        audit: AuditWriter | None = None,
         on_event: Callable[[ControllerEvent], None] | None = None,
         call_timeout: float = 120.0,
     ) -> None:
@@ -122,8 +122,9 @@ class Fleet:
 
     # == events and audit =====================================================================
 
-    def emit(self, reason: str, message: str, cell: str | None = None, warning: bool = False) -> None:
-        event = ControllerEvent(reason, message, cell, warning)
+    def emit(self, reason: str, message: str, cell: str | None = None, warning: bool = False,
+             outcome: str | None = None) -> None:
+        event = ControllerEvent(reason, message, cell, warning, outcome)
         (log.warning if warning else log.info)("%s", event)
         self.record("event", cell, reason=reason, message=message, warning=warning)
         if self.on_event is not None:

@@ -97,7 +97,8 @@ class ExecutorActor:
         async with self._started:
             if self._channel is None:
                 await self.executor.start()
-                self._channel = DataChannel(self._shard_batch, self._token, self.config.data_host, self.config.data_port)
+                self._channel = DataChannel(self._shard_batch, self._token, self.config.data_host, self.config.data_port,
+                                            metrics=self.executor.metrics.exposition)
                 port = await self._channel.start()
                 host = self.config.data_advertise_host or self.config.data_host
                 if host in ("0.0.0.0", "::", ""):

@@ -10,6 +10,7 @@ actor can read batches.
 
     GET /v1/rollouts/{rollout_id}/shards/{rank}?world_size=W   Authorization: Bearer <token>
     GET /healthz
+    GET /metrics       Prometheus text (rollout_executor.metrics), no token: counts only
 
 A minimal HTTP/1.1 server on asyncio sockets rather than aiohttp: `loop.sock_sendall` sends
 slices of the arrays' memory straight to the kernel, where a stream transport would first
@@ -34,12 +35,15 @@ log = logging.getLogger(__name__)
 
 ShardSource = Callable[[int, int, int], Awaitable[TrainBatch]]
 MAX_HEADER = 16 * 1024
+METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 SOCKET_BUFFER = 8 << 20
 
 
 class DataChannel:
-    def __init__(self, source: ShardSource, token: str, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, source: ShardSource, token: str, host: str = "127.0.0.1", port: int = 0,
+                 metrics: Callable[[], bytes] | None = None) -> None:
         self._source = source
+        self._metrics = metrics
         self._auth = f"Bearer {token}".encode()
         self.host = host
         self.port = port
@@ -117,6 +121,10 @@ class DataChannel:
             return
         if url.path == "/healthz":
             await self._reply_json(conn, 200, {"ok": True}, close)
+            return
+        if url.path == "/metrics" and self._metrics is not None:
+            text = self._metrics()
+            await self._send(conn, 200, METRICS_CONTENT_TYPE, len(text), [memoryview(text)], close)
             return
         if len(parts) != 5 or parts[:2] != ["v1", "rollouts"] or parts[3] != "shards":
             await self._reply_json(conn, 404, {"error": f"no route {url.path}"}, close)

@@ -39,6 +39,7 @@ from rollout_executor.generation import (
     WeightGate,
     static_endpoints,
 )
+from rollout_executor.metrics import ExecutorMetrics
 from rollout_executor.rewards import load_reward, score, success_threshold
 from rollout_executor.samples import Sample, SampleKey, VocabInfo
 from rollout_executor.staleness import VersionTracker, parse_version
@@ -108,6 +109,12 @@ class RolloutExecutor:
         self._gate: WeightGate | None = None
         self._update_lock = asyncio.Lock()
         self.duplicates_discarded = 0
+        self.metrics = ExecutorMetrics(config.engines.namespace, config.job, config.max_staleness, self._request_counts)
+
+    def _request_counts(self) -> tuple[int, int]:
+        """(in flight, retried) as the gate and the generator count them."""
+        g = self._generator
+        return (self._gate.in_flight if self._gate else 0), (g.stats.retried if g else 0)
 
     # ---- lifecycle ---------------------------------------------------------------------
 
@@ -193,6 +200,7 @@ class RolloutExecutor:
             self.duplicates_discarded += 1
             return
         ro.samples[key] = sample
+        self.metrics.sample_scored()
 
     async def _fill(self, ro: Rollout) -> None:
         """Generate and score every missing sample; the first error cancels the rest."""
@@ -245,6 +253,9 @@ class RolloutExecutor:
             batch = build_batch(samples, ro.rollout_id, self.config.n_samples_per_prompt)
             batch.meta.update(weight_version=self.versions.current, regenerations=ro.regenerations)
             ro.batch = batch
+            took = (ro.finished_at - ro.started_at) if ro.finished_at is not None else None
+            self.metrics.batch_delivered([max(0, self.versions.current - s.weight_version) for s in samples],
+                                         [float(s.reward or 0.0) for s in samples], took)
         return ro.batch
 
     async def get(self, rollout_id: int, rank: int = 0, world_size: int = 1) -> TrainBatch:
@@ -329,6 +340,8 @@ class RolloutExecutor:
             out = await eval_on_policy_fleet(rid, self.generator, task)
         point = eval_point(out)
         self.evals.append(point)
+        if not out["skipped"]:
+            self.metrics.evaluated(str(out.get("fleet", "policy")), float(out["mean_reward"]), float(out["pass_at_1"]))
         if self._eval_recorder is not None and not out["skipped"]:
             try:
                 await self._eval_recorder(record_request(out))

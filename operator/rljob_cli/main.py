@@ -1,4 +1,5 @@
-"""The `rljob` command: `rljob run MANIFEST` (local mode) and `rljob status` (a job on a cluster)."""
+"""The `rljob` command: `rljob run MANIFEST` (local mode), `rljob status` (a job on a cluster) and
+`rljob audit` (a job's history from audit records: a local run's logs or the operator's log)."""
 
 from __future__ import annotations
 
@@ -20,11 +21,19 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--trainer-process", action="store_true",
                    help="run the trainer as `python -m rljob_client.trainer` over the HTTP controller API and Ray "
                         "Client, exactly as in a trainer pod (default: in this process)")
+    r.add_argument("--metrics-port", type=int, default=0,
+                   help="serve the trainer's Prometheus /metrics on 127.0.0.1:PORT (the executor's: its data_url)")
     r.add_argument("-v", "--verbose", action="store_true", help="log controller and trainer details")
     s = sub.add_parser("status", help="show an RLJob's engines, weight version and lock from the cluster")
     s.add_argument("name")
     s.add_argument("-n", "--namespace", default=None)
     s.add_argument("--kubeconfig", default=None)
+    a = sub.add_parser("audit", help="print a job's history from audit records (local logs, a file, kubectl logs)")
+    a.add_argument("name", help="the RLJob's name")
+    a.add_argument("source", nargs="?", default="-",
+                   help="a local run's logs dir, a JSONL file or saved `kubectl logs` output; - (default): stdin")
+    a.add_argument("-n", "--namespace", default=None, help="only records of this namespace (cluster mode)")
+    a.add_argument("--type", action="append", default=[], help="only records of this type (repeatable)")
     return p
 
 
@@ -34,6 +43,10 @@ def main(argv: list[str] | None = None) -> int:
         from rljob_cli.status import status
 
         return status(args.name, args.namespace, args.kubeconfig)
+    if args.command == "audit":
+        from rljob_cli.audit import audit
+
+        return audit(args.name, args.source, args.namespace, args.type)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not args.verbose:  # controller events are shown by the progress display already
@@ -42,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
 
     out = args.out or Path("rljob-runs") / args.manifest.stem
     code = run(RunOptions(manifest=args.manifest, out=out, steps=args.steps, cwd=Path.cwd(),
-                           trainer_process=args.trainer_process))
+                           trainer_process=args.trainer_process, metrics_port=args.metrics_port))
     sys.stdout.flush()
     sys.stderr.flush()
     if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):

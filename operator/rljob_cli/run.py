@@ -43,6 +43,7 @@ from rljob_client.trainer.loop import (
     TrainingLoop,
     default_overlap,
 )
+from rljob_client.trainer.metrics import TrainerMetrics
 
 from controller_runtime.api.spec import RLJobManifest
 from controller_runtime.api.status import CellState
@@ -82,6 +83,7 @@ class RunOptions:
     executor_ready_timeout: float = 300.0
     trainer_process: bool = False  # run `python -m rljob_client.trainer` over HTTP, as in a pod
     overlap: bool | None = None  # generate rollout n+1 while training on n; None: the spec's default (loop.py)
+    metrics_port: int = 0  # serve the trainer's Prometheus metrics on 127.0.0.1:PORT (0: off)
 
 
 @dataclass(frozen=True)
@@ -190,6 +192,9 @@ class LocalRun:
         self.last_eval_status: dict[str, Any] | None = None  # the controller's status.lastEval at the end
         self.timings: dict[str, float] = {}
         self.started = time.monotonic()
+        self.trainer_metrics = TrainerMetrics(LOCAL_NAMESPACE, self.job, 0)
+        if opts.metrics_port:  # the executor's are on its data channel: `data_url` + /metrics
+            self.trainer_metrics.serve(opts.metrics_port, "127.0.0.1")
 
     # -- setup ---------------------------------------------------------------------------------
 
@@ -386,6 +391,8 @@ class LocalRun:
 
     def _on_step(self, record: StepRecord) -> None:
         self.records.append(record)
+        self.trainer_metrics.step_done(record.step, record.rollout_seconds, record.train_seconds, record.sync_seconds,
+                                       record.reward_mean)
         self.progress.step(record)
         self.children.snapshot()
 

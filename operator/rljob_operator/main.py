@@ -28,6 +28,7 @@ from aiohttp import web
 
 from controller_runtime.ports import Platform
 from rljob_operator import handlers  # noqa: F401  (registers the kopf handlers)
+from rljob_operator.audit_stream import configure_audit
 from rljob_operator.auth import Authorizer
 from rljob_operator.controller_api import ControlServer, ops_app
 from rljob_operator.handlers import OperatorContext, kopf_settings
@@ -194,6 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"rljob-operator: {e}", file=sys.stderr)
         return 2
     configure_logging(s.log_level, s.log_format)
+    configure_audit(s.audit_log_file)
     return asyncio.run(run_operator(s))
 
 

@@ -2,55 +2,180 @@
 
 A private `CollectorRegistry` keeps tests independent (each builds its own `Metrics`) and
 keeps library metrics we did not choose out of `/metrics`.
+
+Every family is one row of `SPECS` (name, type, labels, help): the README's metrics table, the
+alert rules and the dashboard are checked against that table, so a renamed metric cannot leave
+a panel or an alert silently empty. Counters and histograms are updated where things happen;
+the per-job gauges are computed at scrape time from the last status the operator wrote
+(`JobGauges`), so ages (last probe, lock held) are current on every scrape rather than as old
+as the last status write.
 """
 
 from __future__ import annotations
 
-from collections import Counter as Tally
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+
+from controller_runtime.clock import Clock, RealClock
+from controller_runtime.events import ControllerEvent
+from controller_runtime.metric_specs import CELL, JOB, MetricSpec, build_metric
+from rljob_operator.job_gauges import JobSnapshot, job_samples
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
-STATES = ("Pending", "Starting", "PendingWeights", "Serving", "Offloaded", "Unhealthy", "Failed")
+
+
+SPECS: tuple[MetricSpec, ...] = (
+    MetricSpec("rljob_operator_leader", "gauge", (), "1 while this replica holds the leader Lease."),
+    MetricSpec("rljob_jobs", "gauge", (), "RLJobs with a running controller on this replica."),
+    MetricSpec(
+        "rljob_job_phase",
+        "gauge",
+        (*JOB, "phase"),
+        "1 for the job's current phase (Pending ... Failed), 0 for the others.",
+    ),
+    MetricSpec("rljob_cells", "gauge", (*JOB, "state"), "Engine cells per state (Pending ... Failed)."),
+    MetricSpec(
+        "rljob_weight_version",
+        "gauge",
+        JOB,
+        "Weight version the serving engines hold (numeric versions only).",
+    ),
+    MetricSpec("rljob_rollout_id", "gauge", JOB, "Last rollout id handed to the trainers."),
+    MetricSpec(
+        "rljob_cell_restarts_used",
+        "gauge",
+        CELL,
+        "Recreations of the cell so far, counted against maxRestarts.",
+    ),
+    MetricSpec(
+        "rljob_cell_restarts_remaining",
+        "gauge",
+        CELL,
+        "Recreations the cell may still have (maxRestarts minus used).",
+    ),
+    MetricSpec(
+        "rljob_cell_last_probe_age_seconds", "gauge", CELL, "Seconds since the cell's engine was last probed."
+    ),
+    MetricSpec(
+        "rljob_lock_held_seconds",
+        "gauge",
+        JOB,
+        "Seconds the open weight-update window has held the lock (0 when none is open).",
+    ),
+    MetricSpec(
+        "rljob_lock_overdue_seconds",
+        "gauge",
+        JOB,
+        "Seconds the open window's lock is past its expiry (0 when none is, or none is open).",
+    ),
+    MetricSpec("rljob_cell_restarts_total", "counter", JOB, "Engine cells recreated."),
+    MetricSpec(
+        "rljob_weight_update_windows_total",
+        "counter",
+        (*JOB, "outcome"),
+        "Weight-update windows closed, by outcome: completed, aborted, expired, check_failed.",
+    ),
+    MetricSpec(
+        "rljob_weight_update_duration_seconds",
+        "histogram",
+        JOB,
+        "From start_update_weights to end_update_weights.",
+        (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
+    ),
+    MetricSpec(
+        "rljob_health_probe_duration_seconds",
+        "histogram",
+        JOB,
+        "Latency of engine health probes.",
+        (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+    ),
+    MetricSpec("rljob_reconcile_total", "counter", JOB, "Reconcile passes."),
+    MetricSpec(
+        "rljob_reconcile_errors_total", "counter", (*JOB, "step"), "Reconcile passes that raised, by step."
+    ),
+    MetricSpec(
+        "rljob_reconcile_duration_seconds",
+        "histogram",
+        JOB,
+        "Duration of one reconcile pass.",
+        (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+    ),
+    MetricSpec(
+        "rljob_controller_api_calls_total",
+        "counter",
+        ("verb", "code"),
+        "Controller API calls by HTTP status.",
+    ),
+    MetricSpec(
+        "rljob_controller_api_duration_seconds",
+        "histogram",
+        ("verb",),
+        "Controller API call latency.",
+        (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10),
+    ),
+)
+# Families computed at scrape time from the last written status.
+SCRAPED = tuple(s for s in SPECS if s.labels[:2] == JOB and s.type == "gauge")
+
+
+class JobGauges(Collector):
+    """The per-job gauges, computed from each job's last written status when scraped."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.jobs: dict[tuple[str, str], JobSnapshot] = {}
+
+    def collect(self) -> Iterator[Metric]:
+        families = {s.name: GaugeMetricFamily(s.name, s.help, labels=s.labels) for s in SCRAPED}
+        now = self.clock.now()
+        for (namespace, job), snap in sorted(self.jobs.items()):
+            for name, labels, value in job_samples(snap, now):
+                families[name].add_metric([namespace, job, *labels], value)
+        yield from families.values()
+
+    def describe(self) -> Iterable[Metric]:
+        return [GaugeMetricFamily(s.name, s.help, labels=s.labels) for s in SCRAPED]
 
 
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock | None = None) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
-        self.reconciles = Counter("rljob_reconcile_total", "Reconcile passes.", ["namespace", "job"], registry=r)
-        self.reconcile_errors = Counter("rljob_reconcile_errors_total", "Reconcile passes that raised.", ["namespace", "job", "step"], registry=r)
-        self.reconcile_seconds = Histogram(
-            "rljob_reconcile_duration_seconds", "Duration of one reconcile pass.", ["namespace", "job"],
-            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10), registry=r,
-        )
-        self.cells = Gauge("rljob_cells", "Engine cells by state.", ["namespace", "job", "state"], registry=r)
-        self.probe_seconds = Histogram(
-            "rljob_health_probe_duration_seconds", "Latency of engine health probes.", ["namespace", "job"],
-            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30), registry=r,
-        )
-        self.weight_update_seconds = Histogram(
-            "rljob_weight_update_duration_seconds", "From start_update_weights to end_update_weights.", ["namespace", "job"],
-            buckets=(0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600), registry=r,
-        )
-        self.restarts = Counter("rljob_cell_restarts_total", "Engine cells recreated.", ["namespace", "job"], registry=r)
-        self.api_calls = Counter("rljob_controller_api_calls_total", "Controller API calls.", ["verb", "code"], registry=r)
-        self.api_seconds = Histogram("rljob_controller_api_duration_seconds", "Controller API call latency.", ["verb"], registry=r)
-        self.leader = Gauge("rljob_operator_leader", "1 while this replica holds the leader Lease.", registry=r)
-        self.jobs = Gauge("rljob_jobs", "RLJobs with a running controller on this replica.", registry=r)
+        self.job_gauges = JobGauges(clock or RealClock())
+        built: dict[str, Any] = {s.name: build_metric(s, r) for s in SPECS if s not in SCRAPED}
+        r.register(self.job_gauges)
+        self.reconciles = built["rljob_reconcile_total"]
+        self.reconcile_errors = built["rljob_reconcile_errors_total"]
+        self.reconcile_seconds = built["rljob_reconcile_duration_seconds"]
+        self.probe_seconds = built["rljob_health_probe_duration_seconds"]
+        self.weight_update_seconds = built["rljob_weight_update_duration_seconds"]
+        self.windows = built["rljob_weight_update_windows_total"]
+        self.restarts = built["rljob_cell_restarts_total"]
+        self.api_calls = built["rljob_controller_api_calls_total"]
+        self.api_seconds = built["rljob_controller_api_duration_seconds"]
+        self.leader = built["rljob_operator_leader"]
+        self.jobs = built["rljob_jobs"]
 
-    def set_cells(self, namespace: str, job: str, states: Iterable[str]) -> None:
-        counts = Tally(states)
-        for s in STATES:
-            self.cells.labels(namespace, job, s).set(counts.get(s, 0))
+    def set_max_restarts(self, namespace: str, job: str, max_restarts: int) -> None:
+        snap = self.job_gauges.jobs.setdefault((namespace, job), JobSnapshot())
+        snap.max_restarts = max_restarts
+
+    def observe_status(self, namespace: str, job: str, status: Mapping[str, Any]) -> None:
+        """Remember the status just written; the job's gauges are computed from it when scraped."""
+        snap = self.job_gauges.jobs.setdefault((namespace, job), JobSnapshot())
+        snap.status = dict(status)
+
+    def count_event(self, namespace: str, job: str, event: ControllerEvent) -> None:
+        """Count what a controller event closes or replaces."""
+        if event.outcome is not None:
+            self.windows.labels(namespace, job, event.outcome).inc()
 
     def forget_job(self, namespace: str, job: str) -> None:
-        for s in STATES:
-            try:
-                self.cells.remove(namespace, job, s)
-            except KeyError:
-                pass
+        self.job_gauges.jobs.pop((namespace, job), None)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

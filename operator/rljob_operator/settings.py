@@ -53,6 +53,7 @@ class OperatorSettings(BaseModel):
     kubeconfig: str | None = Field(None, description="Path to a kubeconfig; in-cluster config when unset.")
     log_level: str = Field("INFO")
     log_format: str = Field("json", pattern="^(json|text)$")
+    audit_log_file: str | None = Field(None, description="Also append the audit log (JSONL, logger rljob.audit) to this file.")
 
     @model_validator(mode="after")
     def _scope(self) -> OperatorSettings:
@@ -102,6 +103,7 @@ _FLAGS: dict[str, str | tuple[str, ...]] = {
     "kubeconfig": "--kubeconfig",
     "log_level": "--log-level",
     "log_format": "--log-format",
+    "audit_log_file": "--audit-log-file",
 }
 
 

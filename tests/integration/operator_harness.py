@@ -124,6 +124,7 @@ def make_rljob(
     model_path: Path | None = None,
     max_restarts: int = 2,
     backoff: float = 0.5,
+    max_backoff: float = 2,
     startup_deadline: float = 120,
     lock_timeout: float | None = None,
     trainer_job: bool = False,
@@ -165,7 +166,7 @@ def make_rljob(
     inf["podMetadata"] = {"labels": {PROCESS_LABEL: "process"}}
     inf["healthCheck"] = {"intervalSeconds": 1, "timeoutSeconds": 1, "failureThreshold": 2,
                           "startupDeadlineSeconds": startup_deadline}
-    inf["restartPolicy"] = {"backoffSeconds": backoff, "maxBackoffSeconds": 2, "maxRestarts": max_restarts}
+    inf["restartPolicy"] = {"backoffSeconds": backoff, "maxBackoffSeconds": max_backoff, "maxRestarts": max_restarts}
     wu = inf["weightUpdate"]
     wu.pop("pvc", None)
     if lock_timeout is not None:

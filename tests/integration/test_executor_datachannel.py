@@ -11,6 +11,7 @@ import pytest
 import pytest_asyncio
 from rljob_client.trainbatch import TrainBatch, decode
 from rollout_executor.datachannel import DataChannel
+from rollout_executor.metrics import ExecutorMetrics
 
 
 def batch(rollout_id: int, rank: int, world: int) -> TrainBatch:
@@ -74,3 +75,18 @@ async def test_refuses_and_reports_errors(channel: DataChannel, path: str, token
     for got_status, body in replies:
         assert got_status == status
         assert needle in json.loads(body)["error"]
+
+
+async def test_metrics_are_served_without_a_token_beside_the_shards() -> None:
+    metrics = ExecutorMetrics("team-a", "demo", 1, lambda: (2, 0))
+    metrics.sample_scored()
+    ch = DataChannel(source, token="s3cret", host="127.0.0.1", port=0, metrics=metrics.exposition)
+    await ch.start()
+    try:
+        replies = await asyncio.to_thread(fetch, ch.port, "/metrics", None)
+    finally:
+        await ch.stop()
+    for status, body in replies:
+        assert status == 200
+        assert b'rljob_executor_samples_generated_total{job="demo",namespace="team-a"} 1.0' in body
+        assert b'rljob_executor_requests_in_flight{job="demo",namespace="team-a"} 2.0' in body

@@ -4,6 +4,7 @@ chart's CRD being the very file the generator writes."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -19,6 +20,7 @@ COMBINATIONS: dict[str, list[str]] = {
     "default": [],
     "namespace-scope": ["--set", "scope=namespace", "--set", "watchNamespaces={team-a,team-b}"],
     "single-replica-servicemonitor": ["--set", "replicaCount=1", "--set", "serviceMonitor.enabled=true"],
+    "monitoring": ["--set", "replicaCount=1", "--set", "prometheusRule.enabled=true", "--set", "grafanaDashboard.enabled=true"],
     "existing-serviceaccount": ["--set", "serviceAccount.create=false", "--set", "serviceAccount.name=ops", "--set", "controlRole.create=false"],
 }
 
@@ -113,3 +115,14 @@ def test_chart_crd_is_the_generated_file(helm: str) -> None:
     out = _helm(helm, "template", "rljob", str(CHART), "--kube-version", "1.36.3", "--include-crds").stdout
     crds = [d for d in yaml.safe_load_all(out) if d and d["kind"] == "CustomResourceDefinition"]
     assert [c["metadata"]["name"] for c in crds] == ["rljobs.rljob.io"]
+
+
+def test_monitoring_objects_carry_the_tested_rules_and_dashboard_and_are_off_by_default(helm: str) -> None:
+    kinds = {d["kind"] for d in _docs(helm)}
+    assert "PrometheusRule" not in kinds and "ConfigMap" not in kinds
+    docs = {d["kind"]: d for d in _docs(helm, "--set", "prometheusRule.enabled=true", "--set", "grafanaDashboard.enabled=true")}
+    files = CHART / "files"
+    assert docs["PrometheusRule"]["spec"] == yaml.safe_load((files / "alerts.yaml").read_text())
+    dashboard = docs["ConfigMap"]
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(dashboard["data"]["rljob-operator.json"]) == json.loads((files / "dashboard.json").read_text())

@@ -333,6 +333,7 @@ async def test_expired_lock_is_released_aborted_and_reported() -> None:
     expired = [e for e in h.events if e.reason == Reason.LockExpired]
     assert expired and expired[0].warning and "slow-trainer" in expired[0].message
     assert h.cell(0).generation == 1  # its participant may hold half-written weights: stopped
+    assert [e.outcome for e in h.events if e.outcome] == ["expired"]  # one closing event, not LockExpired too
 
 
 async def test_expired_lock_lets_the_next_window_open() -> None:
@@ -359,6 +360,7 @@ async def test_weight_check_mismatch_names_tensors_and_fails_the_window(tmp_path
     assert err.value.mismatched == {"demo-cell-2": ["bias"]}
     assert h.ctrl.lock.current is None
     assert Reason.WeightCheckFailed in h.reasons()
+    assert [e.outcome for e in h.events if e.outcome] == ["check_failed"]  # one closing event, not WeightCheckFailed too
     checks = [r for r in read_audit_log(audit.path) if r.type == "weight_check"]
     assert checks and checks[0].fields["ok"] is False and checks[0].fields["mismatched"] == {"demo-cell-2": ["bias"]}
 

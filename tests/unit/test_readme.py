@@ -9,7 +9,8 @@ from pathlib import Path
 from controller_runtime.api.verbs import VERBS
 from controller_runtime.api.wire_errors import ERRORS
 
-README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+README_PATH = Path(__file__).resolve().parents[2] / "README.md"
+README = README_PATH.read_text()
 
 
 def _section(title: str) -> str:
@@ -28,3 +29,28 @@ def test_every_error_reason_has_one_readme_row_with_its_status_and_class() -> No
 def test_every_verb_has_a_readme_row_with_its_method() -> None:
     rows = re.findall(r"^\| `(\w+)` \| (GET|POST)\b", _section("## Controller API"), re.M)
     assert dict(rows) == {name: verb.method for name, verb in VERBS.items()}
+
+
+def _metric_rows() -> dict[str, tuple[str, tuple[str, ...]]]:
+    rows = re.findall(r"^\| `(rljob_\w+)` \| (\w+) \| ([\w, ]*) \|", _section("## Metrics"), re.M)
+    documented = {name: (kind, tuple(x.strip() for x in labels.split(",") if x.strip())) for name, kind, labels in rows}
+    assert len(rows) == len(documented), "a metric is documented twice"
+    return documented
+
+
+def test_every_exported_metric_has_one_readme_row_with_its_type_and_labels() -> None:
+    from rljob_client.trainer import metrics as trainer_metrics
+    from rljob_operator import metrics as operator_metrics
+    from rollout_executor import metrics as executor_metrics
+
+    specs = [s for m in (operator_metrics, executor_metrics, trainer_metrics) for s in m.SPECS]
+    assert _metric_rows() == {s.name: (s.type, s.labels) for s in specs}
+
+
+def test_every_alert_has_one_readme_row_with_its_severity_and_for() -> None:
+    import yaml
+
+    rules = yaml.safe_load((README_PATH.parent / "helm/rljob-operator/files/alerts.yaml").read_text())
+    table = {r["alert"]: (r["labels"]["severity"], r["for"]) for g in rules["groups"] for r in g["rules"]}
+    rows = re.findall(r"^\| `(RLJob\w+)` \| (\w+) \| (\w+) \|", _section("## Metrics"), re.M)
+    assert len(rows) == len(table) and {a: (sev, f) for a, sev, f in rows} == table

@@ -46,6 +46,7 @@ from rljob_client.controller_client import InferenceControllerClient, default_ho
 from rljob_client.trainer.checkpoint import CheckpointError, CheckpointStore
 from rljob_client.trainer.evaluation import PolicyEvaluator
 from rljob_client.trainer.loop import LoopConfig, StepRecord, ThreadedRolloutStream, TrainingLoop
+from rljob_client.trainer.metrics import TrainerMetrics
 from rljob_client.trainer.ranks import StoreRanks
 from rljob_client.trainer.weights import DiskWeightWriter
 
@@ -108,6 +109,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="append one JSON line per step (rewards, versions, timings) to this file")
     p.add_argument("--eval-file", default=env("RLJOB_EVAL_FILE"),
                    help="append one JSON line per evaluation of the policy (spec.rollout.eval) to this file")
+    p.add_argument("--metrics-port", type=int, default=int(env("RLJOB_TRAINER_METRICS_PORT", "0")),
+                   help="serve Prometheus /metrics (step time by phase) on this port; 0: off")
     args = p.parse_args(argv)
     if not args.model:
         p.error("--model (or RLJOB_MODEL_PATH) is required")
@@ -197,11 +200,15 @@ async def train(args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, stop.set)
     metrics = Path(args.metrics_file) if args.metrics_file else None
     evals = Path(args.eval_file) if args.eval_file else None
+    exporter = TrainerMetrics(controller.namespace, controller.name, rank)
+    if args.metrics_port:
+        exporter.serve(args.metrics_port)
 
     def on_step(r: StepRecord) -> None:
         log.info("step %d reward %.3f loss %.4f v%d (%.2f s)", r.step, r.reward_mean, r.loss, r.weight_version,
                  r.step_seconds)
         append_line(metrics, r.to_dict())
+        exporter.step_done(r.step, r.rollout_seconds, r.train_seconds, r.sync_seconds, r.reward_mean)
         checkpointer.after_step(r)
 
     training = TrainingLoop(

@@ -27,6 +27,7 @@ from controller_runtime.clients.factory import make_engine_client
 from controller_runtime.controller import InferenceController
 from controller_runtime.events import ControllerEvent, Reason
 from controller_runtime.ports import EngineClient, EngineClientFactory, Platform
+from rljob_operator.audit_stream import job_audit
 from rljob_operator.metrics import Metrics
 from rljob_operator.reconcile.context import JobContext
 from rljob_operator.reconcile.flow import StepResult
@@ -90,6 +91,7 @@ class EngineFleet:
     def _on_controller_event(self, event: ControllerEvent) -> None:
         if event.reason == Reason.CellReplaced:
             self.metrics.restarts.labels(self.job.namespace, self.job.name).inc()
+        self.metrics.count_event(self.job.namespace, self.job.name, event)
         self.job.recorder.controller_event(event)
         self.wake()  # something changed: write status soon
 
@@ -120,8 +122,10 @@ class EngineFleet:
                 restore=restore,
                 serve_initial_weights=True,
                 poll_seconds=self.job.resync_seconds,
+                audit=job_audit(self.job.namespace, self.job.name),
             )
             self._inference_spec = inference
+            self.metrics.set_max_restarts(self.job.namespace, self.job.name, inference.restart_policy.max_restarts)
             self.registry.add(self.handle)
             self.metrics.jobs.set(len(self.registry))
             log.info(
@@ -132,6 +136,7 @@ class EngineFleet:
         elif inference != self._inference_spec:
             self.controller.update_spec(inference)
             self._inference_spec = inference
+            self.metrics.set_max_restarts(self.job.namespace, self.job.name, inference.restart_policy.max_restarts)
         return self.controller
 
     async def stop(self) -> None:

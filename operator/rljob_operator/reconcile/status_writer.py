@@ -50,12 +50,11 @@ class StatusWriter:
             status, changed = build_status(self.stored, obs)
             delta = status_delta(self.stored, status)
             if not delta:
+                self.metrics.observe_status(self.job.namespace, self.job.name, self.stored)
                 return
             obj = await self.job.kube.patch_rljob_status(self.job.namespace, self.job.name, delta)
             self.stored = dict(obj.get("status") or status)
-            if obs.controller is not None:
-                states = [e.get("state", "") for e in status.get("engines") or []]
-                self.metrics.set_cells(self.job.namespace, self.job.name, states)
+            self.metrics.observe_status(self.job.namespace, self.job.name, self.stored)
             before = {c.get("type") for c in (conditions_before or [])}
             for c in changed:
                 if c["type"] not in before and not is_news(c):
