@@ -28,6 +28,7 @@ PLURALS = {
     "Job": "jobs",
     "Event": "events",
     "Lease": "leases",
+    "NetworkPolicy": "networkpolicies",
     RAY_CLUSTER_KIND: "rayclusters",
     KIND: PLURAL,
 }

@@ -214,6 +214,16 @@ class KubeApi:
         query = [("fieldManager", field_manager)] + ([("force", "true")] if force else [])
         return await self._object("PATCH", path, query=query, body=dict(obj), content_type=APPLY_PATCH)
 
+    async def create_if_absent(self, obj: Mapping[str, Any]) -> bool:
+        """Create `obj` unless it exists (409 is success); True when this call created it.
+
+        For objects that must never be re-applied once made, such as a Secret holding a
+        generated token (a new value would lock out whoever holds the old one).
+        """
+        meta = obj.get("metadata") or {}
+        path = resource_path(obj["apiVersion"], obj["kind"], meta["namespace"])
+        return await self.call("POST", path, body=dict(obj), ok=(409,)) is not None
+
     # ---------------------------------------------------------------- RLJob
     def _rljob_path(self, namespace: str, name: str) -> str:
         return resource_path(API_VERSION, KIND, namespace, name)

@@ -79,3 +79,13 @@ def trainer_name(job: str) -> str:
 def ray_cluster_name(job: str) -> str:
     """KubeRay RayCluster; KubeRay derives `<name>-head-svc` etc., so leave room for them."""
     return dns_label(job, "-ray", limit=MAX_LABEL - 16)
+
+
+def ray_auth_secret_name(job: str) -> str:
+    """Secret holding the job's Ray token (`RAY_AUTH_MODE=token`): executor and trainers read it."""
+    return dns_label(job, "-ray-auth")
+
+
+def network_policy_name(job: str, role: str) -> str:
+    """NetworkPolicy guarding the job's pods of one role (`<job>-rollout-ingress`, `<job>-engine-ingress`)."""
+    return dns_label(job, f"-{role}-ingress")

@@ -1,4 +1,4 @@
-"""Make the job's children exist: Services, executor, trainer workload, RayCluster.
+"""Make the job's children exist: Services, executor, trainer workload, RayCluster, policies.
 
 The builders (`rljob_operator.manifests`) are pure; here they are applied (create or patch,
 deterministic names, owner references to the RLJob). Applying is level-based and cheap to
@@ -10,10 +10,14 @@ A Job's pod template is immutable, so a trainer change that reaches it (replicas
 WORLD_SIZE, a new image or command) cannot be patched: the API server answers 422. Then the
 old Job is deleted and the new one created, which restarts distributed training the way
 Kubeflow Trainer and JobSet do when a gang's shape changes.
+
+The job's Ray token Secret is created before anything that reads it, once, and never
+re-applied (`manifests.rayauth`); the token is drawn here, the only impure part of it.
 """
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +28,8 @@ from rljob_operator.manifests import (
     engines_service,
     executor_deployment,
     executor_service,
+    network_policies,
+    ray_auth_secret,
     ray_cluster,
     trainer_workload,
 )
@@ -61,6 +67,7 @@ def desired_children(job: dict[str, Any], controller_url: str) -> list[dict[str,
         executor_service(job),
         executor_deployment(job, controller_url),
         *trainer_workload(job, controller_url),
+        *network_policies(job),
     ]
     rc = ray_cluster(job)
     if rc is not None:
@@ -79,11 +86,17 @@ async def ensure_children(
     """Apply the children when the spec changed or the resync is due; read the trainer's outcome."""
     now = job.clock.now()
     if applied is None or applied.generation != generation or now - applied.at >= CHILDREN_RESYNC_SECONDS:
+        await ensure_ray_auth_secret(job, job_object)
         for obj in desired_children(job_object, controller_url):
             await apply_child(job, obj)
         applied = Applied(generation, now)
     trainer, message = await observe_trainer(job, spec)
     return ChildrenSeen(StepResult.proceed(), applied, trainer, message)
+
+
+async def ensure_ray_auth_secret(job: JobContext, job_object: dict[str, Any]) -> None:
+    """The job's Ray token Secret: created with a fresh token if absent, else left alone."""
+    await job.kube.create_if_absent(ray_auth_secret(job_object, secrets.token_urlsafe(32)))
 
 
 async def apply_child(job: JobContext, obj: dict[str, Any]) -> None:
