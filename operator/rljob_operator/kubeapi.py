@@ -42,6 +42,7 @@ from rljob_operator.kinds import API_VERSION, KIND, PLURALS
 
 COMPONENT = "rljob-operator"  # Events' source and reporting component
 FIELD_MANAGER = "rljob-operator"  # server-side apply's manager of what the operator owns
+USER_AGENT = "rljob-operator"  # followed by /<identity> of the replica (main)
 APPLY_PATCH = "application/apply-patch+yaml"
 MERGE_PATCH = "application/merge-patch+json"
 
