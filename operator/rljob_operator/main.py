@@ -25,6 +25,7 @@ from typing import Any, cast
 
 import kopf
 from aiohttp import web
+from kubernetes.client import ApiClient
 
 from controller_runtime.ports import Platform
 from rljob_operator import handlers  # noqa: F401  (registers the kopf handlers)
@@ -74,14 +75,23 @@ async def start_site(app: web.Application, host: str, port: int) -> tuple[web.Ap
     return runner, bound
 
 
+def named_client(s: OperatorSettings) -> ApiClient:
+    """A Kubernetes client whose requests name this replica (`rljob-operator/<identity>`), so
+    every write shows in the API server's audit log with who made it (the reliability suite
+    checks from there that only the Lease holder writes)."""
+    api_client = load_api_client(s.kubeconfig)
+    api_client.user_agent = f"{USER_AGENT}/{s.identity}"
+    return api_client
+
+
 async def run_operator(s: OperatorSettings) -> int:
     if s.kubeconfig:
         os.environ["KUBECONFIG"] = s.kubeconfig  # kopf's own login reads it
-    api_client = load_api_client(s.kubeconfig)
-    # Every write then names the replica that made it in the API server's audit log (the
-    # reliability suite checks from there that only the Lease holder writes).
-    api_client.user_agent = f"{USER_AGENT}/{s.identity}"
-    kube = KubeApi(api_client)
+    kube = KubeApi(named_client(s))
+    # The Lease gets a client and a thread of its own: on a slow API server, renewals queued
+    # behind the reconcile traffic on the shared pool missed the renew deadline and the
+    # replica gave up leading (tests/reliability/test_api_faults.py, one second per request).
+    lease_kube = KubeApi(named_client(s), threads=1, request_timeout=s.renew_deadline_seconds)
     metrics = Metrics()
     registry = JobRegistry()
     lost = asyncio.Event()
@@ -94,7 +104,7 @@ async def run_operator(s: OperatorSettings) -> int:
         lost.set()
 
     elector = LeaderElector(
-        KubeLeaseStore(kube, s.effective_lease_namespace, s.lease_name),
+        KubeLeaseStore(lease_kube, s.effective_lease_namespace, s.lease_name),
         s.identity,
         s.lease_duration_seconds,
         s.renew_deadline_seconds,
@@ -188,6 +198,7 @@ async def run_operator(s: OperatorSettings) -> int:
         await api_runner.cleanup()
         await ops_runner.cleanup()
         kube.close()
+        lease_kube.close()
     return exit_code
 
 
