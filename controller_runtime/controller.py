@@ -185,7 +185,7 @@ class InferenceController:
         self.fleet.weight_version = status.weight_version
         self.rollout_id = status.rollout_id
         self.eval.last = status.last_eval
-        self.lock.restore(status.lock)
+        self.lock.restore(status.lock, now)
         if self.lock.held:
             self.health.pause(PAUSE_WINDOW)
         if self.memory.any_released():

@@ -96,5 +96,17 @@ class ControllerLock:
         released, self.current = self.current, None
         return released
 
-    def restore(self, status: LockStatus | None) -> None:
-        self.current = WindowLock.from_status(status) if status is not None else None
+    def restore(self, status: LockStatus | None, now: float) -> None:
+        """The window recorded in status, bounded as if this controller had opened it.
+
+        The status is input (anyone allowed to patch it can write a lock), so a start in the
+        future counts from now and no expiry lies further than `timeout_seconds` after the
+        start: a hand-edited lock "held until 2036" still expires within the spec's timeout.
+        """
+        if status is None:
+            self.current = None
+            return
+        lock = WindowLock.from_status(status)
+        lock.since = min(lock.since, now)
+        lock.expires = min(lock.expires, lock.since + self.timeout_seconds)
+        self.current = lock

@@ -107,6 +107,8 @@ class FleetMemory:
         results = await asyncio.gather(*(self._onload_cell(c, wanted) for c in targets), return_exceptions=True)
         change = _memory_change(targets, results)
         for cell in targets:
+            if cell.name in change.failed:
+                self._give_up_memory(cell, change.failed[cell.name])
             await self.fleet.sync_serving(cell)
         if not self.any_released():
             self.health.resume(PAUSE_OFFLOAD)
@@ -115,6 +117,17 @@ class FleetMemory:
                         + (f"; failed on {sorted(change.failed)}" if change.failed else ""),
                         warning=bool(change.failed))
         return change
+
+    def _give_up_memory(self, cell: Cell, why: str) -> None:
+        """A cell whose engine refused to take its memory back cannot serve (weights or KV cache
+        gone): left as it is it would stay Offloaded and hold health monitoring paused for the
+        whole fleet, for good. It becomes Unhealthy and is recreated within the restart budget
+        (a new engine holds all of its memory)."""
+        cell.memory = ()
+        cell.state_before_offload = None
+        if cell.state not in (S.Unhealthy, S.Failed):
+            self.fleet.move(cell, S.Unhealthy, f"onload failed: {why}", warning=True)
+            self.health.forget(cell.name)
 
     async def _onload_cell(self, cell: Cell, tags: list[MemoryTag]) -> list[str]:
         resume = [t for t in tags if t in cell.memory]

@@ -10,6 +10,11 @@ Ports: every port Ray would otherwise take at a fixed number (dashboard 8265, da
 Ray rewrites a node address of 127.0.0.1 to the host's external address
 (`services.resolve_ip_for_localhost`); to stay on loopback we use 127.0.0.2, which Linux
 routes to `lo` as well. The client server listens on 127.0.0.1 too.
+
+Auth: with `auth_token` the head runs with Ray's token authentication (`RAY_AUTH_MODE=token`,
+the token in `RAY_AUTH_TOKEN`): GCS, the Ray Client server and the dashboard refuse callers
+without it. In an executor pod the operator sets both variables from the job's Secret, so the
+head inherits them without this argument.
 """
 
 from __future__ import annotations
@@ -99,6 +104,7 @@ def start_ray_head(
     temp_dir: str | None = None,
     startup_timeout_s: float = 120.0,
     python: str = sys.executable,
+    auth_token: str | None = None,
 ) -> RayHead:
     """A Ray head with a Ray Client server; returns once both GCS and client ports answer."""
     if node_ip in ("127.0.0.1", "localhost"):
@@ -127,6 +133,8 @@ def start_ray_head(
     env = dict(os.environ)
     env.pop("RAY_ADDRESS", None)
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if auth_token is not None:
+        env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=auth_token)
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, preexec_fn=_die_with_parent

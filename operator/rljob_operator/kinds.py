@@ -37,6 +37,7 @@ PLURALS = {
     "Job": "jobs",
     "Event": "events",
     "Lease": "leases",
+    "NetworkPolicy": "networkpolicies",
     RAY_CLUSTER_KIND: "rayclusters",
     WORKLOAD_KIND: "workloads",
     RESOURCE_FLAVOR_KIND: "resourceflavors",

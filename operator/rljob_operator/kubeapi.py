@@ -42,6 +42,7 @@ from rljob_operator.kinds import API_VERSION, KIND, PLURALS
 
 COMPONENT = "rljob-operator"  # Events' source and reporting component
 FIELD_MANAGER = "rljob-operator"  # server-side apply's manager of what the operator owns
+USER_AGENT = "rljob-operator"  # followed by /<identity> of the replica (main)
 APPLY_PATCH = "application/apply-patch+yaml"
 MERGE_PATCH = "application/merge-patch+json"
 
@@ -213,6 +214,16 @@ class KubeApi:
         path = resource_path(obj["apiVersion"], obj["kind"], namespace, name)
         query = [("fieldManager", field_manager)] + ([("force", "true")] if force else [])
         return await self._object("PATCH", path, query=query, body=dict(obj), content_type=APPLY_PATCH)
+
+    async def create_if_absent(self, obj: Mapping[str, Any]) -> bool:
+        """Create `obj` unless it exists (409 is success); True when this call created it.
+
+        For objects that must never be re-applied once made, such as a Secret holding a
+        generated token (a new value would lock out whoever holds the old one).
+        """
+        meta = obj.get("metadata") or {}
+        path = resource_path(obj["apiVersion"], obj["kind"], meta["namespace"])
+        return await self.call("POST", path, body=dict(obj), ok=(409,)) is not None
 
     # ---------------------------------------------------------------- RLJob
     def _rljob_path(self, namespace: str, name: str) -> str:

@@ -79,6 +79,14 @@ class LeaseMachine:
     def observed_holder(self) -> str | None:
         return self._observed.holder if self._observed else None
 
+    def round_budget(self, now: float, retry_period: float) -> float:
+        """How long one read-decide-write round may take: while leading, until the renew
+        deadline lapses (a slower round would leave a stale `leading` flag up past it);
+        otherwise up to the renew deadline, and never less than one retry period."""
+        if self._last_renew is not None and now - self._last_renew < self.renew_deadline:
+            return max(self._last_renew + self.renew_deadline - now, 0.001)
+        return max(self.renew_deadline, retry_period)
+
     def is_leader(self, now: float) -> bool:
         """True while our last successful write is younger than the renew deadline."""
         return self._last_renew is not None and now - self._last_renew < self.renew_deadline
@@ -156,7 +164,7 @@ class LeaderElector:
         """One round: read, decide, write; then raise or drop the `leading` flag."""
         now = self.clock.now()
         try:
-            async with asyncio.timeout(self.retry_period):
+            async with asyncio.timeout(self.machine.round_budget(now, self.retry_period)):
                 await self._round(now)
         except LeaseConflict:
             log.info("lease conflict: another replica wrote first", extra={"identity": self.identity})
@@ -166,7 +174,9 @@ class LeaderElector:
         await self._publish()
 
     async def _round(self, now: float) -> None:
-        """Bounded by the retry period so a hung API call cannot keep a stale `leading` flag up."""
+        """Bounded by `round_budget`, so a hung API call cannot keep a stale `leading` flag up
+        past the renew deadline, while a slow API server (a second per request) still renews:
+        bounded by the retry period, such rounds timed out and the replica stopped leading."""
         got = await self.store.get()
         current, rv = (got[0], got[1]) if got else (None, None)
         self._current, self._resource_version = current, rv

@@ -25,6 +25,7 @@ from typing import Any, cast
 
 import kopf
 from aiohttp import web
+from kubernetes.client import ApiClient
 
 from controller_runtime.ports import Platform
 from rljob_operator import handlers  # noqa: F401  (registers the kopf handlers)
@@ -32,7 +33,7 @@ from rljob_operator.audit_stream import configure_audit
 from rljob_operator.auth import Authorizer
 from rljob_operator.controller_api import ControlServer, ops_app
 from rljob_operator.handlers import OperatorContext, kopf_settings
-from rljob_operator.kubeapi import KubeApi, load_api_client
+from rljob_operator.kubeapi import USER_AGENT, KubeApi, load_api_client
 from rljob_operator.leader import LeaderElector
 from rljob_operator.lease_store import KubeLeaseStore
 from rljob_operator.logging import configure_logging
@@ -75,10 +76,23 @@ async def start_site(app: web.Application, host: str, port: int) -> tuple[web.Ap
     return runner, bound
 
 
+def named_client(s: OperatorSettings) -> ApiClient:
+    """A Kubernetes client whose requests name this replica (`rljob-operator/<identity>`), so
+    every write shows in the API server's audit log with who made it (the reliability suite
+    checks from there that only the Lease holder writes)."""
+    api_client = load_api_client(s.kubeconfig)
+    api_client.user_agent = f"{USER_AGENT}/{s.identity}"
+    return api_client
+
+
 async def run_operator(s: OperatorSettings) -> int:
     if s.kubeconfig:
         os.environ["KUBECONFIG"] = s.kubeconfig  # kopf's own login reads it
-    kube = KubeApi(load_api_client(s.kubeconfig))
+    kube = KubeApi(named_client(s))
+    # The Lease gets a client and a thread of its own: on a slow API server, renewals queued
+    # behind the reconcile traffic on the shared pool missed the renew deadline and the
+    # replica gave up leading (tests/reliability/test_api_faults.py, one second per request).
+    lease_kube = KubeApi(named_client(s), threads=1, request_timeout=s.renew_deadline_seconds)
     metrics = Metrics()
     registry = JobRegistry()
     lost = asyncio.Event()
@@ -91,7 +105,7 @@ async def run_operator(s: OperatorSettings) -> int:
         lost.set()
 
     elector = LeaderElector(
-        KubeLeaseStore(kube, s.effective_lease_namespace, s.lease_name),
+        KubeLeaseStore(lease_kube, s.effective_lease_namespace, s.lease_name),
         s.identity,
         s.lease_duration_seconds,
         s.renew_deadline_seconds,
@@ -185,6 +199,7 @@ async def run_operator(s: OperatorSettings) -> int:
         await api_runner.cleanup()
         await ops_runner.cleanup()
         kube.close()
+        lease_kube.close()
     return exit_code
 
 

@@ -90,3 +90,13 @@ def workload_name(job: str) -> str:
 PODSET_ENGINES = "engines"
 PODSET_EXECUTOR = "executor"
 PODSET_TRAINER = "trainer"
+
+
+def ray_auth_secret_name(job: str) -> str:
+    """Secret holding the job's Ray token (`RAY_AUTH_MODE=token`): executor and trainers read it."""
+    return dns_label(job, "-ray-auth")
+
+
+def network_policy_name(job: str, role: str) -> str:
+    """NetworkPolicy guarding the job's pods of one role (`<job>-rollout-ingress`, `<job>-engine-ingress`)."""
+    return dns_label(job, f"-{role}-ingress")

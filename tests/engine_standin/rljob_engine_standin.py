@@ -12,6 +12,11 @@ RolloutExecutor can generate against it.
 What a test can do to it:
 - kill the process: the cell dies (the agent fails its pod);
 - `POST /standin/unhealthy`: `/health` answers 503 from then on while the process lives;
+- `POST /standin/slow?seconds=S`: `/health` answers 200, but only after S seconds (a slow
+  engine: past the probe timeout it counts as a failed probe);
+- `SIGSTOP` the process: the socket stays open and nothing answers (a hung engine);
+- SGLang's `GET /health_generate` is answered like `/health`, so multi-node SGLang cells
+  (every pod runs `python -m sglang.launch_server`) can be stand-ins too;
 - `--standin-delay SECONDS` (or RLJOB_STANDIN_DELAY): each completion answers after a delay,
   so requests are in flight when the test kills the engine or opens a weight update;
 - RLJOB_STANDIN_GATE=DIR: do not listen before DIR/open or DIR/cell-<index> exists, so a test
@@ -51,6 +56,7 @@ class EngineState:
     model: str
     delay_seconds: float = 0.0
     healthy: bool = True
+    health_delay: float = 0.0
     paused: bool = False
     sleeping: bool = False
     weight_version: str | None = None
@@ -94,11 +100,17 @@ def completion_reply(state: EngineState, body: dict[str, Any]) -> dict[str, Any]
 
 def make_app(state: EngineState) -> web.Application:
     async def health(_r: web.Request) -> web.Response:
+        if state.health_delay:
+            await asyncio.sleep(state.health_delay)
         return web.Response(status=200 if state.healthy else 503, text="")
 
     async def unhealthy(_r: web.Request) -> web.Response:
         state.healthy = False
         return web.json_response({"healthy": False})
+
+    async def slow(r: web.Request) -> web.Response:
+        state.health_delay = float(r.query.get("seconds", "5"))
+        return web.json_response({"healthDelaySeconds": state.health_delay})
 
     async def models(_r: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": state.model, "object": "model"}]})
@@ -173,7 +185,9 @@ def make_app(state: EngineState) -> web.Application:
     app = web.Application()
     app.add_routes([
         web.get("/health", health),
+        web.get("/health_generate", health),
         web.post("/standin/unhealthy", unhealthy),
+        web.post("/standin/slow", slow),
         web.get("/v1/models", models),
         web.post("/v1/completions", completions),
         web.get("/metrics", metrics),

@@ -48,7 +48,8 @@ def install_crd(cluster: Any) -> None:
 class OperatorProcess:
     """`rljob-operator --namespace NS` as a subprocess with the test kubeconfig, loopback ports."""
 
-    def __init__(self, cluster: Any, namespace: str, log_dir: Path, identity: str = "op-a", resync: float = 2.0) -> None:
+    def __init__(self, cluster: Any, namespace: str, log_dir: Path, identity: str = "op-a", resync: float = 2.0,
+                 kubeconfig: Path | None = None, extra_args: tuple[str, ...] = ()) -> None:  # fmt: skip
         self.namespace = namespace
         self.identity = identity
         self.api_port = free_port()
@@ -57,7 +58,7 @@ class OperatorProcess:
         argv = [
             str(OPERATOR_BIN),
             "--namespace", namespace,
-            "--kubeconfig", str(cluster.kubeconfig),
+            "--kubeconfig", str(kubeconfig or cluster.kubeconfig),
             "--controller-api-host", "127.0.0.1",
             "--controller-api-port", str(self.api_port),
             "--metrics-host", "127.0.0.1",
@@ -71,6 +72,7 @@ class OperatorProcess:
             "--controller-url", f"http://127.0.0.1:{self.api_port}",
             "--auth-cache", "0",
             "--log-format", "text",
+            *extra_args,
         ]  # fmt: skip
         with self.log_path.open("wb") as out:
             self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO)

@@ -24,11 +24,20 @@ class FakeKube:
         self.events: list[tuple[str, str, str]] = []
         self.deleted: list[str] = []
         self.applied: list[dict[str, Any]] = []
+        self.created: dict[str, dict[str, Any]] = {}  # create_if_absent: first object per name
         self.platform: FakePlatform | None = None
 
     async def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
         self.applied.append(obj)
         return obj
+
+    async def create_if_absent(self, obj: dict[str, Any]) -> bool:
+        key = f"{obj['kind']}/{obj['metadata']['name']}"
+        if key in self.created:
+            return False
+        self.created[key] = obj
+        self.applied.append(obj)
+        return True
 
     async def delete_job(self, ns: str, name: str) -> None:
         pass
@@ -95,7 +104,17 @@ async def test_passes_bring_the_fleet_to_ready_and_write_status_and_events():
     assert st["ready"] == "2/2" and st["phase"] == "Running" and st["observedGeneration"] == 1
     assert find(st["conditions"], "Ready")["status"] == "True"
     kinds = sorted(o["kind"] for o in applied)
-    assert kinds == ["Deployment", "Service", "Service", "Service"]  # headless, engines, rollout; executor
+    # executor; headless, engines, rollout; the Ray token; rollout and engine ingress policies
+    assert kinds == [
+        "Deployment",
+        "NetworkPolicy",
+        "NetworkPolicy",
+        "Secret",
+        "Service",
+        "Service",
+        "Service",
+    ]
+    assert [o["kind"] for o in applied].index("Secret") < [o["kind"] for o in applied].index("Deployment")
     reasons = {r for _, r, _ in kube.events}
     assert {"CellServing", "AllEnginesServing"} <= reasons
     n = len(kube.patches)
@@ -265,3 +284,15 @@ async def test_a_failed_trainer_job_is_recreated_as_the_next_attempt_and_counted
     restarted = [m for _, r, m in kube.events if r == "TrainerRestarted"]
     assert len(restarted) == 1 and "failed rank: 1" in restarted[0] and "restart 1 of 3" in restarted[0]
     await rt.recorder.close()
+
+
+async def test_the_ray_token_secret_is_made_once_and_never_rotated_by_a_resync():
+    clock, platform, body = FakeClock(), FakePlatform(), rljob()
+    rt, kube, applied = runtime(body, platform, clock)
+    await settle(rt)
+    token = kube.created["Secret/job-ray-auth"]["data"]["token"]
+    await clock.advance(120)  # past the children's resync: everything is applied again
+    await settle(rt, passes=2)
+    assert kube.created["Secret/job-ray-auth"]["data"]["token"] == token
+    assert [o["kind"] for o in applied].count("Secret") == 1
+    assert token not in repr(body.get("status")) and all(token not in m for _, _, m in kube.events)

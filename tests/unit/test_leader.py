@@ -160,3 +160,24 @@ async def test_hung_api_call_does_not_keep_a_stale_leader():
     await clock.advance(5)
     await a.tick()  # bounded by the retry period; leadership judged by the deadline
     assert not a.leading.is_set()
+
+
+async def test_a_slow_api_server_slower_than_the_retry_period_still_renews():
+    """Each Lease call takes longer than the retry period (a slow API server): rounds are bounded
+    by the renew deadline, so the leader keeps leading and a standby can still acquire."""
+    store = MemoryLeaseStore()
+    get, update = store.get, store.update
+
+    async def slow_get():
+        await asyncio.sleep(0.15)
+        return await get()
+
+    async def slow_update(record, resource_version):
+        await asyncio.sleep(0.15)
+        return await update(record, resource_version)
+
+    store.get, store.update = slow_get, slow_update
+    a = LeaderElector(store, "a", 3, 2, 0.1)
+    for _ in range(4):
+        await a.tick()
+        assert a.is_leader() and a.leading.is_set()

@@ -46,7 +46,7 @@ def test_status_round_trip_keeps_holder_snapshot_expiry_and_checksums() -> None:
     wire = held.to_status().to_wire()
     assert wire["snapshot"] == {"j-cell-0": 3} and wire["weightsChecksums"] == {"j-cell-0": {"w": "abc"}}
     lock = ControllerLock(600)
-    lock.restore(LockStatus.model_validate(wire))
+    lock.restore(LockStatus.model_validate(wire), NOW)
     assert lock.current == held
-    lock.restore(None)
+    lock.restore(None, NOW)
     assert not lock.held

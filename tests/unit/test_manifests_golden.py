@@ -19,6 +19,8 @@ from rljob_operator.manifests import (
     engines_service,
     executor_deployment,
     executor_service,
+    network_policies,
+    ray_auth_secret,
     ray_cluster,
     trainer_workload,
 )
@@ -52,13 +54,14 @@ def render_all(job: dict[str, Any]) -> list[dict[str, Any]]:
     """Every object of the job, in a fixed order: cell 0 at generation 1 stands for all cells."""
     name = job["metadata"]["name"]
     cell = CellRequest(name=f"{name}-cell-0", index=0, generation=1)
-    docs = [cells_headless_service(job), engines_service(job), *engine_pods(job, cell)]
+    docs = [ray_auth_secret(job, "golden-token"), cells_headless_service(job), engines_service(job)]
+    docs += engine_pods(job, cell)
     docs += [executor_deployment(job, CONTROLLER_URL), executor_service(job)]
     docs += trainer_workload(job, CONTROLLER_URL)
     rc = ray_cluster(job)
     if rc is not None:
         docs.append(rc)
-    return docs
+    return docs + network_policies(job)
 
 
 class _NoAliasDumper(yaml.SafeDumper):

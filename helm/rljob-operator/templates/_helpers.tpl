@@ -34,35 +34,43 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 {{- end -}}
 
-{{/* Namespaced permissions the operator uses, shared by the ClusterRole and the Roles. */}}
+{{/* Namespaced permissions the operator uses, shared by the ClusterRole and the Roles: exactly
+what its code calls (tests/reliability/test_rbac.py keeps it so). Children are server-side
+applied (patch, and create when absent) and removed by garbage collection through their owner
+reference, so only pods (cells) and the trainer Job (recreated on a template change) are deleted
+by the operator; kopf lists, watches and patches RLJobs and posts core/v1 Events. */}}
 {{- define "rljob.namespacedRules" -}}
 - apiGroups: ["rljob.io"]
   resources: ["rljobs"]
   verbs: ["get", "list", "watch", "patch", "delete"]
 - apiGroups: ["rljob.io"]
   resources: ["rljobs/status"]
-  verbs: ["get", "patch"]
+  verbs: ["patch"]
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch", "create", "delete", "patch"]
+  verbs: ["list", "create", "delete", "patch"]
 - apiGroups: [""]
   resources: ["services"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+  verbs: ["create", "patch"]
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create", "patch"]
-- apiGroups: ["events.k8s.io"]
-  resources: ["events"]
-  verbs: ["create", "patch"]
+  verbs: ["create"]
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+  verbs: ["create", "patch"]
 - apiGroups: ["batch"]
   resources: ["jobs"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+  verbs: ["get", "create", "patch", "delete"]
 - apiGroups: ["ray.io"]
   resources: ["rayclusters"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+  verbs: ["create", "patch"]
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["create", "patch"]
+# The job's Ray token Secret: created once, never read back.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["create"]
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads"]
   verbs: ["get", "create", "delete"]

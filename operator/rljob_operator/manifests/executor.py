@@ -21,6 +21,7 @@ from typing import Any
 
 from rljob_operator import labels as L
 from rljob_operator.manifests.job import JobView
+from rljob_operator.manifests.podsecurity import restricted_container, restricted_pod
 from rljob_operator.manifests.podspec import (
     container_resources,
     dataset_path,
@@ -31,6 +32,7 @@ from rljob_operator.manifests.podspec import (
     model_volume,
     volumes,
 )
+from rljob_operator.manifests.rayauth import ray_auth_env
 from rljob_operator.manifests.services import engines_url
 from rljob_operator.names import ray_cluster_name, rollout_name
 
@@ -85,6 +87,7 @@ def _env(view: JobView, controller_url: str) -> list[dict[str, Any]]:
         env_value("RLJOB_CONTROLLER_URL", controller_url),
         env_value("RLJOB_ENGINES_URL", engines_url(view)),
         env_value("RLJOB_MODEL_PATH", model_path(view.spec.model)),
+        *ray_auth_env(view),
     ]
     if view.spec.model.tokenizer:
         env.append(env_value("RLJOB_TOKENIZER_PATH", view.spec.model.tokenizer))
@@ -112,6 +115,7 @@ def executor_deployment(
             {"name": "gcs", "containerPort": RAY_GCS_PORT, "protocol": "TCP"},
             {"name": "shard-data", "containerPort": SHARD_DATA_PORT, "protocol": "TCP"},
         ],
+        "securityContext": restricted_container(),
     }
     if mounts:
         container["volumeMounts"] = mounts
@@ -123,6 +127,7 @@ def executor_deployment(
     pod_spec: dict[str, Any] = {
         "automountServiceAccountToken": True,
         "enableServiceLinks": False,
+        "securityContext": restricted_pod(),
         "containers": [container],
     }
     if vols:

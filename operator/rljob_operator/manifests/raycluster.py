@@ -15,16 +15,18 @@ from typing import Any
 from rljob_operator import labels as L
 from rljob_operator.kinds import RAY_API_VERSION, RAY_CLUSTER_KIND
 from rljob_operator.manifests.job import JobView
+from rljob_operator.manifests.podsecurity import restricted_container, restricted_pod
 from rljob_operator.manifests.podspec import container_resources
+from rljob_operator.manifests.rayauth import ray_auth_env
 from rljob_operator.names import ray_cluster_name
 
 ROLE_RAY = "ray"
 
 
 def _container(
-    name: str, image: str, resources: dict[str, Any], ports: list[dict[str, Any]]
+    name: str, image: str, resources: dict[str, Any], ports: list[dict[str, Any]], env: list[dict[str, Any]]
 ) -> dict[str, Any]:
-    c: dict[str, Any] = {"name": name, "image": image}
+    c: dict[str, Any] = {"name": name, "image": image, "env": env, "securityContext": restricted_container()}
     if resources:
         c["resources"] = resources
     if ports:
@@ -51,7 +53,12 @@ def ray_cluster(job: dict[str, Any] | JobView) -> dict[str, Any] | None:
             "rayStartParams": {"dashboard-host": "0.0.0.0"},
             "template": {
                 "metadata": {"labels": dict(pod_labels)},
-                "spec": {"containers": [_container("ray-head", rc.image, resources, head_ports)]},
+                "spec": {
+                    "securityContext": restricted_pod(uid=None),
+                    "containers": [
+                        _container("ray-head", rc.image, resources, head_ports, ray_auth_env(view))
+                    ],
+                },
             },
         },
     }
@@ -65,7 +72,12 @@ def ray_cluster(job: dict[str, Any] | JobView) -> dict[str, Any] | None:
                 "rayStartParams": {},
                 "template": {
                     "metadata": {"labels": dict(pod_labels)},
-                    "spec": {"containers": [_container("ray-worker", rc.image, dict(resources), [])]},
+                    "spec": {
+                        "securityContext": restricted_pod(uid=None),
+                        "containers": [
+                            _container("ray-worker", rc.image, dict(resources), [], ray_auth_env(view))
+                        ],
+                    },
                 },
             }
         ]

@@ -32,6 +32,7 @@ from controller_runtime.api.spec import TrainerSpec
 from rljob_operator import labels as L
 from rljob_operator.manifests.executor import rollout_address
 from rljob_operator.manifests.job import JobView
+from rljob_operator.manifests.podsecurity import restricted_container, restricted_pod
 from rljob_operator.manifests.podspec import (
     checkpoints_volume,
     container_resources,
@@ -45,6 +46,7 @@ from rljob_operator.manifests.podspec import (
     user_env,
     volumes,
 )
+from rljob_operator.manifests.rayauth import ray_auth_env
 from rljob_operator.names import trainer_name
 
 CONTAINER = "trainer"
@@ -96,6 +98,7 @@ def _env(view: JobView, controller_url: str) -> list[dict[str, Any]]:
         env_value("RLJOB_OVERLAP", "1" if view.spec.overlaps_generation else "0"),
         # Offload around training only when the trainer shares the engines' GPUs (colocated).
         env_value("RLJOB_OFFLOAD_TAGS", ",".join(str(tag) for tag in view.spec.inference.offload.tags) if t.colocate else ""),
+        *ray_auth_env(view),
     ]
     return merge_env(env, user_env(t.env))
 
@@ -130,6 +133,7 @@ def trainer_job(view: JobView, controller_url: str, attempt: int = 0) -> dict[st
         "env": _env(view, controller_url),
         "ports": [{"name": "master", "containerPort": MASTER_PORT, "protocol": "TCP"}],
         "volumeMounts": mounts,
+        "securityContext": restricted_container(),
     }
     if args:
         container["args"] = args
@@ -141,6 +145,7 @@ def trainer_job(view: JobView, controller_url: str, attempt: int = 0) -> dict[st
         "subdomain": name,
         "automountServiceAccountToken": True,
         "enableServiceLinks": False,
+        "securityContext": restricted_pod(),
         **placement_fields(t.placement),
         "containers": [container],
         "volumes": vols,

@@ -1,4 +1,4 @@
-"""Make the job's children exist: Services, executor, trainer workload, RayCluster.
+"""Make the job's children exist: Services, executor, trainer workload, RayCluster, policies.
 
 The builders (`rljob_operator.manifests`) are pure; here they are applied (create or patch,
 deterministic names, owner references to the RLJob). Applying is level-based and cheap to
@@ -11,10 +11,14 @@ WORLD_SIZE, a new image or command) cannot be patched: the API server answers 42
 old Job is deleted and the new one created, which restarts distributed training the way
 Kubeflow Trainer and JobSet do when a gang's shape changes. A trainer Job that failed is
 recreated the same way, as the next attempt, while `reconcile/trainer_restart.py` allows it.
+
+The job's Ray token Secret is created before anything that reads it, once, and never
+re-applied (`manifests.rayauth`); the token is drawn here, the only impure part of it.
 """
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +31,8 @@ from rljob_operator.manifests import (
     engines_service,
     executor_deployment,
     executor_service,
+    network_policies,
+    ray_auth_secret,
     ray_cluster,
     trainer_workload,
 )
@@ -93,6 +99,7 @@ def desired_children(
         executor_service(job),
         executor,
         *trainer_workload(job, controller_url, trainer_attempt),
+        *network_policies(job),
     ]
     rc = ray_cluster(job)
     if rc is not None:
@@ -125,6 +132,7 @@ async def ensure_children(
         await restart_trainer(job, spec, job_object, controller_url, verdict)
         state, message, applied = TrainerState.running, "", Applied(generation, now)
     if applied is None or applied.generation != generation or now - applied.at >= CHILDREN_RESYNC_SECONDS:
+        await ensure_ray_auth_secret(job, job_object)
         for obj in desired_children(job_object, controller_url, executor_flavors, verdict.attempt):
             await apply_child(job, obj)
         applied = Applied(generation, now)
@@ -163,6 +171,11 @@ async def job_gone(job: JobContext, name: str, uid: str | None, attempts: int = 
         if live is None or (live.get("metadata") or {}).get("uid") != uid:
             return
         await job.clock.sleep(0.5)
+
+
+async def ensure_ray_auth_secret(job: JobContext, job_object: dict[str, Any]) -> None:
+    """The job's Ray token Secret: created with a fresh token if absent, else left alone."""
+    await job.kube.create_if_absent(ray_auth_secret(job_object, secrets.token_urlsafe(32)))
 
 
 async def apply_child(job: JobContext, obj: dict[str, Any]) -> None:

@@ -1,0 +1,148 @@
+"""Kubernetes API faults between the operator and the kube-apiserver (tests/reliability/apiproxy.py).
+
+Each test runs the real operator with its kubeconfig pointed at the fault proxy, a job of
+stand-in engine cells, and says which faults it injects. Expectation for every fault: the job
+converges to its spec (all cells serving, one pod per slot), the operator never crash-loops
+(the process lives; a restart is only the one the test makes), and the history invariants of
+tests/reliability/history.py hold (checked from the audit log after each test).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.operator_harness import (
+    Kube,
+    OperatorProcess,
+    install_crd,
+    make_rljob,
+    release_rljobs,
+    wait_for,
+)
+from tests.reliability.apiproxy import ApiProxy, Fault, Upstream
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(420)]
+
+
+@pytest.fixture
+def proxy(cluster) -> Iterator[ApiProxy]:
+    install_crd(cluster)
+    p = ApiProxy(Upstream.from_kubeconfig(Path(cluster.kubeconfig))).start()
+    yield p
+    p.stop()
+
+
+@pytest.fixture
+def operators(cluster, namespace, tmp_path, proxy) -> Iterator[Any]:
+    started: list[OperatorProcess] = []
+    kubeconfig = proxy.kubeconfig(tmp_path / "proxy.kubeconfig")
+
+    def start(*extra: str, identity: str = "op-a") -> OperatorProcess:
+        op = OperatorProcess(
+            cluster, namespace, tmp_path, identity=identity, kubeconfig=kubeconfig, extra_args=extra
+        )
+        started.append(op)
+        return op
+
+    yield start
+    for op in started:
+        op.stop()
+    release_rljobs(cluster, namespace)
+
+
+def converged(kube: Kube, job: str, cells: int, pods_per_cell: int = 1) -> bool:
+    status = kube.status(job)
+    live = [p for p in kube.engine_pods(job) if not p["metadata"].get("deletionTimestamp")]
+    return status.get("ready") == f"{cells}/{cells}" and len(live) == cells * pods_per_cell
+
+
+def two_pod_cell_job(name: str) -> dict[str, Any]:
+    job = make_rljob(name, replicas=1)
+    inf = job["spec"]["inference"]
+    # two 1-GPU pods per cell: every case's job stays, and the simulated nodes keep room for all
+    inf.update(engine="sglang", gpusPerEngine=2, gpusPerNode=1)
+    inf.pop("tensorParallelSize", None)
+    return job
+
+
+def test_throttling_errors_resets_and_a_slow_api_server_converge(cluster, namespace, proxy, operators):
+    kube = Kube(cluster, namespace)
+    faults = [
+        proxy.add(Fault("status", "POST", "pods", status=429, retry_after=1, times=3)),
+        proxy.add(Fault("status", "PATCH", "status", status=503, times=3)),
+        proxy.add(Fault("status", "PATCH", "services", status=500, times=2)),
+        proxy.add(Fault("reset", "PATCH", "deployments", times=2)),
+        proxy.add(Fault("reset", "GET", "pods", watch=False, times=2)),
+    ]
+    # The chart's Lease timing (15 s / 10 s / 2 s): a second per request makes every Lease round
+    # (read + write) take two, longer than the retry period (the old bound on a round).
+    op = operators("--lease-duration", "15", "--renew-deadline", "10", "--retry-period", "2")
+    kube.apply(make_rljob("noisy", replicas=2))
+    wait_for(lambda: converged(kube, "noisy", 2), 180, what="2/2 through 429s, 5xx and resets")
+    assert all(f.applied == f.times for f in faults), [(f.action, f.resource, f.applied) for f in faults]
+
+    proxy.clear()
+    slow = proxy.add(Fault("delay", seconds=1.0, times=0))  # every request waits a second
+    cluster.kubectl(
+        "patch",
+        "rlj",
+        "noisy",
+        "-n",
+        namespace,
+        "--type=merge",
+        "-p",
+        '{"spec":{"inference":{"replicas":3}}}',
+    )
+    wait_for(lambda: converged(kube, "noisy", 3), 240, what="3/3 on a slow API server")
+    assert slow.applied > 10
+    assert op.proc.poll() is None, "the operator died:\n" + op.log_tail()
+
+
+def test_operator_killed_after_its_first_writes_converges_once_restarted(
+    cluster, namespace, proxy, operators
+):
+    """SIGKILL right after the k-th write of a kind: inside a two-pod cell's creation (after its
+    first pod), after the first and the third status patch; a new replica finishes."""
+    kube = Kube(cluster, namespace)
+    cases = [("POST", "pods", 1), ("PATCH", "status", 1), ("PATCH", "status", 3)]
+    for n, (method, resource, k) in enumerate(cases):
+        name = f"crash{n}"
+        victim: list[OperatorProcess] = []
+
+        def kill(victim: list[OperatorProcess] = victim) -> None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(victim[0].proc.pid, signal.SIGKILL)
+
+        fault = proxy.add(Fault("after", method, resource, watch=False, skip=k - 1, after=kill))
+        victim.append(operators(identity=f"op-{n}a"))
+        kube.apply(two_pod_cell_job(name))
+        wait_for(
+            lambda victim=victim: victim[0].proc.poll() is not None,
+            120,
+            what=f"the operator killed after {method} {resource} #{k}",
+        )
+        proxy.faults.remove(fault)
+        successor = operators(identity=f"op-{n}b")
+        wait_for(lambda name=name: converged(kube, name, 1, pods_per_cell=2), 180,
+                 what=f"{name}: the two-pod cell serving after the restart")  # fmt: skip
+        successor.stop()
+
+
+def test_a_410_gone_and_a_stalled_watch_are_survived(cluster, namespace, proxy, operators):
+    kube = Kube(cluster, namespace)
+    gone = proxy.add(Fault("gone", "GET", "rljobs", watch=True, times=1))
+    stall = proxy.add(Fault("stall", "GET", "rljobs", watch=True, times=1, seconds=60))
+    op = operators("--watch-server-timeout", "4", "--watch-client-timeout", "6")
+    wait_for(lambda: stall.applied == 1, 60, what="the operator's RLJob watch stalled")
+    kube.apply(make_rljob("quiet", replicas=1))  # created while the watch delivers nothing
+    wait_for(
+        lambda: converged(kube, "quiet", 1), 120, what="the job handled after the stalled watch was given up"
+    )
+    assert gone.applied == 1 and op.proc.poll() is None

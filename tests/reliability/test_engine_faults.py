@@ -1,0 +1,136 @@
+"""Engine faults on the test cluster: real engine processes (the stand-in, run by the cluster's
+agent) under a real operator and kube-apiserver.
+
+Faults and what the spec says must follow (health: every 1 s, timeout 1 s, 2 failures):
+
+* a hung engine (SIGSTOP: its TCP socket accepts, nothing answers) and a slow one (`/health`
+  answers after 3 s, past the probe timeout), in one job: each cell turns Unhealthy after
+  `failureThreshold` consecutive failed probes (the Event says so: no pod failed, the
+  processes live on) and is recreated at the next generation; its stopped process is gone
+  with its pod;
+* one pod of a two-pod (multi-node SGLang) cell lost (SIGKILL): the whole cell is recreated,
+  both pods at the next generation and no pod of the old generation left, never a half cell
+  serving.
+
+Nothing is lost: the healthy cell of the first job is never recreated (generation and
+restarts unchanged), restart counts equal the recreations seen.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import urllib.request
+from typing import Any
+
+import pytest
+
+from tests.integration.operator_harness import (
+    PID_ANNOTATION,
+    Kube,
+    OperatorProcess,
+    install_crd,
+    make_rljob,
+    release_rljobs,
+    wait_for,
+)
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
+
+
+@pytest.fixture
+def kube(cluster, namespace) -> Kube:
+    return Kube(cluster, namespace)
+
+
+@pytest.fixture
+def operator(cluster, namespace, tmp_path):
+    install_crd(cluster)
+    op = OperatorProcess(cluster, namespace, tmp_path)
+    yield op
+    op.stop()
+    release_rljobs(cluster, namespace)
+
+
+def pid_of(kube: Kube, pod: str) -> int:
+    return int(wait_for(lambda: (kube.get("pod", pod) or {}).get("metadata", {}).get("annotations", {}).get(PID_ANNOTATION),
+                        60, what=f"pid of {pod}"))  # fmt: skip
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with contextlib.suppress(OSError):
+        return "Z" not in open(f"/proc/{pid}/stat").read().split()[2]
+    return False
+
+
+def engine(status: dict[str, Any], cell: str) -> dict[str, Any]:
+    return next(e for e in status.get("engines") or [] if e["name"] == cell)
+
+
+def cell_events(kube: Kube, job: str, cell: str, reason: str) -> list[str]:
+    return [e["message"] for e in kube.events(job) if e["reason"] == reason and f"[{cell}]" in e["message"]]
+
+
+def test_hung_and_slow_engines_fail_their_probes_and_are_recreated(kube, operator):
+    kube.apply(make_rljob("faulty", replicas=3))
+    wait_for(lambda: kube.status("faulty").get("ready") == "3/3", 120, what="3/3 serving")
+    pods = {p["metadata"]["labels"]["rljob.io/cell-index"]: p for p in kube.engine_pods("faulty")}
+    hung_pid = pid_of(kube, pods["1"]["metadata"]["name"])
+    slow_ip = pods["2"]["status"]["podIP"]
+    try:
+        os.kill(hung_pid, signal.SIGSTOP)
+        urllib.request.urlopen(urllib.request.Request(f"http://{slow_ip}:8000/standin/slow?seconds=3", method="POST"),
+                               timeout=5).read()  # fmt: skip
+        for cell in ("faulty-cell-1", "faulty-cell-2"):
+            wait_for(lambda c=cell: engine(kube.status("faulty"), c)["generation"] == 1
+                     and engine(kube.status("faulty"), c)["state"] in ("Starting", "PendingWeights", "Serving"),
+                     120, what=f"{cell} recreated at generation 1 and answering")  # fmt: skip
+            unhealthy = cell_events(kube, "faulty", cell, "CellUnhealthy")
+            assert unhealthy and "2 consecutive failed probes" in unhealthy[0], unhealthy
+            assert cell_events(kube, "faulty", cell, "CellReplaced"), f"{cell}: no CellReplaced event"
+        wait_for(lambda: not alive(hung_pid), 60, what="the hung engine's process gone with its pod")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(hung_pid, signal.SIGKILL)
+    status = kube.status("faulty")
+    healthy = engine(status, "faulty-cell-0")
+    assert (healthy["generation"], healthy["restarts"], healthy["state"]) == (0, 0, "Serving")
+    assert [engine(status, f"faulty-cell-{i}")["restarts"] for i in (1, 2)] == [1, 1]
+    assert status["restartsTotal"] == 2
+    names = sorted(
+        p["metadata"]["name"]
+        for p in kube.engine_pods("faulty")
+        if not p["metadata"].get("deletionTimestamp")
+    )
+    assert names == ["faulty-cell-0-g0-0", "faulty-cell-1-g1-0", "faulty-cell-2-g1-0"]
+
+
+def test_a_lost_pod_of_a_multi_node_cell_recreates_the_whole_cell(kube, operator):
+    job = make_rljob("wide", replicas=1)
+    inf = job["spec"]["inference"]
+    inf.update(engine="sglang", gpusPerEngine=16, gpusPerNode=8)  # one cell = two 8-GPU pods
+    inf.pop("tensorParallelSize", None)
+    kube.apply(job)
+    wait_for(lambda: kube.status("wide").get("ready") == "1/1", 120, what="the two-pod cell serving")
+    assert sorted(engine(kube.status("wide"), "wide-cell-0")["pods"]) == [
+        "wide-cell-0-g0-0",
+        "wide-cell-0-g0-1",
+    ]
+    os.kill(pid_of(kube, "wide-cell-0-g0-1"), signal.SIGKILL)  # pod 1 of the cell, not its head
+
+    def recreated() -> bool:
+        e = engine(kube.status("wide"), "wide-cell-0")
+        return e["generation"] == 1 and e["state"] in ("Starting", "PendingWeights", "Serving")
+
+    wait_for(recreated, 120, what="the whole cell recreated at generation 1")
+    e = engine(kube.status("wide"), "wide-cell-0")
+    assert sorted(e["pods"]) == ["wide-cell-0-g1-0", "wide-cell-0-g1-1"] and e["restarts"] == 1
+    unhealthy = cell_events(kube, "wide", "wide-cell-0", "CellUnhealthy")
+    assert unhealthy and "wide-cell-0-g0-1" in unhealthy[0], unhealthy  # the lost pod named
+    wait_for(lambda: not [p for p in kube.engine_pods("wide") if "-g0-" in p["metadata"]["name"]], 60,
+             what="both pods of generation 0 deleted, the head too")  # fmt: skip

@@ -1,0 +1,223 @@
+"""The chart grants the operator exactly what its code calls, in both scopes, and the trainer's
+`<release>-control` role exactly what the controller API checks.
+
+How the calls are found (statically, no cluster): every request of the operator's own code
+goes through `KubeApi._request`, so a recording stand-in for the Kubernetes client under a real
+`KubeApi` sees them all. Every public coroutine of `KubeApi` and of `KubernetesPlatform` is
+called (arguments from a table by parameter name: a new method with a new parameter fails here
+until it gets a sample), `apply`/`create_if_absent` with every object the operator builds for
+the shipped and golden jobs. kopf's own calls are not ours to record: they are the table
+`KOPF_CALLS`, read from kopf's observation, watching and posting code (it lists and watches the
+resource it serves, CRDs and namespaces; patches finalizers and progress annotations; posts
+core/v1 Events). The chart is rendered by the real helm binary.
+
+Fault: a permission the code needs that the chart lacks (the operator stalls on 403), or one
+it grants that no code uses (least privilege). Expectation: neither, in either scope; cluster
+scope is the only one with namespaced rules in a ClusterRole; the Lease rule is a Role in the
+release namespace.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+from rljob_operator import auth
+from rljob_operator.kinds import PLURALS
+from rljob_operator.kubeapi import APPLY_PATCH, KubeApi
+from rljob_operator.manifests import engine_pods, ray_auth_secret
+from rljob_operator.platform import KubernetesPlatform
+from rljob_operator.reconcile.children import desired_children
+
+from controller_runtime.ports import CellRequest
+from tests.integration.test_helm_chart import CHART, _helm
+from tests.unit.test_manifests_golden import CASES, CONTROLLER_URL, load_job
+
+Triple = tuple[str, str, str]  # (API group, resource[/subresource], verb)
+
+KOPF_CALLS: set[Triple] = {
+    ("rljob.io", "rljobs", "list"),  # the watcher's initial listing
+    ("rljob.io", "rljobs", "watch"),
+    ("rljob.io", "rljobs", "patch"),  # finalizer, progress and last-handled annotations
+    ("", "events", "create"),  # kopf's own warnings (posting)
+    ("", "namespaces", "list"),  # namespace observer (even for exact names)
+    ("", "namespaces", "watch"),
+    ("apiextensions.k8s.io", "customresourcedefinitions", "list"),  # resource observer
+    ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
+}
+CLUSTER_SCOPED = {"tokenreviews", "subjectaccessreviews", "customresourcedefinitions", "namespaces"}
+VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
+
+
+class _Response:
+    def __init__(self, body: dict[str, Any]) -> None:
+        self.status, self.reason, self.data = 200, "OK", json.dumps(body).encode()
+
+    def read(self) -> bytes:
+        return self.data
+
+
+class RecordingClient:
+    """Stands in for `kubernetes.client.ApiClient`: records each request, answers 200.
+
+    A pod listing answers one pod of the current and one of an older generation, so that the
+    Platform's delete and label paths run too."""
+
+    def __init__(self, pods: list[dict[str, Any]]) -> None:
+        self.pods = pods
+        self.requests: list[tuple[str, str, str | None]] = []
+
+    def param_serialize(self, method: str, resource_path: str, query_params: Any, header_params: dict[str, str],
+                        body: Any, auth_settings: Any) -> tuple[Any, ...]:  # fmt: skip
+        return method, resource_path, header_params, body, None
+
+    def call_api(self, method: str, url: str, header_params: dict[str, str], body: Any, post_params: Any,
+                 _request_timeout: Any = None) -> _Response:  # fmt: skip
+        self.requests.append((method, url, header_params.get("Content-Type")))
+        listing = method == "GET" and url.endswith("/pods")
+        return _Response({"items": self.pods} if listing else {})
+
+
+def attributes(method: str, path: str, content_type: str | None) -> set[Triple]:
+    """The RBAC (group, resource, verb) of one REST request of ours (never a watch)."""
+    parts = path.strip("/").split("/")
+    group, rest = ("", parts[2:]) if parts[0] == "api" else (parts[1], parts[3:])
+    if rest[0] == "namespaces" and len(rest) > 2:
+        rest = rest[2:]
+    resource = "/".join([rest[0], *rest[2:3]])
+    verb = VERBS.get(method) or ("get" if len(rest) > 1 else "list")
+    out = {(group, resource, verb)}
+    if method == "PATCH" and content_type == APPLY_PATCH:
+        out.add((group, resource, "create"))  # server-side apply creates what is absent
+    return out
+
+
+def built_objects() -> Iterator[dict[str, Any]]:
+    for case in CASES:
+        job = load_job(case)
+        yield from desired_children(job, CONTROLLER_URL)
+        yield ray_auth_secret(job, "t")
+
+
+def sample_pods() -> list[dict[str, Any]]:
+    job = load_job("tiny-cpu")
+    name = job["metadata"]["name"]
+    old = engine_pods(job, CellRequest(name=f"{name}-cell-0", index=0, generation=1))
+    new = engine_pods(job, CellRequest(name=f"{name}-cell-0", index=0, generation=2))
+    return old + new
+
+
+SAMPLES: dict[str, Any] = {
+    "namespace": "ns", "name": "tiny-cell-0", "uid": "u", "selector": "a=b", "token": "t", "spec": {},
+    "status": {}, "body": {}, "type_": "Normal", "reason": "R", "message": "m", "now": 0.0, "serving": True,
+    "involved": {"apiVersion": "rljob.io/v1alpha1", "kind": "RLJob", "name": "tiny", "namespace": "ns", "uid": "u"},
+    "request": CellRequest(name="tiny-cell-0", index=0, generation=1),
+}  # fmt: skip
+GENERIC = {"call", "apply", "create_if_absent"}  # the request primitives: driven through the others
+
+
+async def drive(obj: Any) -> None:
+    for name, fn in inspect.getmembers(obj, inspect.iscoroutinefunction):
+        if name.startswith("_") or name in GENERIC:
+            continue
+        params = inspect.signature(fn).parameters
+        missing = [p for p, v in params.items() if p not in SAMPLES and v.default is inspect.Parameter.empty]
+        assert not missing, f"{type(obj).__name__}.{name}: add a sample for {missing} to SAMPLES"
+        await fn(**{p: SAMPLES[p] for p in params if p in SAMPLES})
+
+
+async def operator_calls() -> set[Triple]:
+    client = RecordingClient(sample_pods())
+    kube = KubeApi(client)  # type: ignore[arg-type]
+    try:
+        await drive(kube)
+        await drive(KubernetesPlatform(kube, "ns", load_job("tiny-cpu")))
+        for obj in built_objects():
+            await kube.apply(obj) if obj["kind"] != "Secret" else await kube.create_if_absent(obj)
+    finally:
+        kube.close()
+    return {t for request in client.requests for t in attributes(*request)}
+
+
+def rendered(helm: str, *values: str) -> list[dict[str, Any]]:
+    out = _helm(
+        helm,
+        "template",
+        "rljob-operator",
+        str(CHART),
+        "-n",
+        "rljob-system",
+        "--kube-version",
+        "1.36.3",
+        *values,
+    )
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def granted(docs: list[dict[str, Any]], subject: dict[str, str]) -> dict[tuple[str, str, str], set[Triple]]:
+    """(role kind, role name, namespace) -> what it grants, for every role bound to `subject`."""
+    roles = {(d["kind"], d["metadata"]["name"], d["metadata"].get("namespace", "")): d
+             for d in docs if d["kind"] in ("Role", "ClusterRole")}  # fmt: skip
+    out: dict[tuple[str, str, str], set[Triple]] = {}
+    for b in (d for d in docs if d["kind"] in ("RoleBinding", "ClusterRoleBinding")):
+        if not any(s.get("name") == subject["name"] and s.get("namespace") == subject["namespace"]
+                   for s in b["subjects"]):  # fmt: skip
+            continue
+        ns = b["metadata"].get("namespace", "") if b["roleRef"]["kind"] == "Role" else ""
+        role = roles[(b["roleRef"]["kind"], b["roleRef"]["name"], ns)]
+        out[(role["kind"], role["metadata"]["name"], ns)] = {
+            (g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]
+        }  # fmt: skip
+    return out
+
+
+@pytest.fixture(scope="module")
+async def needed() -> set[Triple]:
+    return await operator_calls() | KOPF_CALLS
+
+
+def test_every_kind_the_operator_writes_has_its_resource_named() -> None:
+    # a kind missing from PLURALS falls back to kind+"s": "networkpolicys" is a 404 at run time
+    assert {o["kind"] for o in built_objects()} <= set(PLURALS)
+
+
+@pytest.mark.parametrize("scope", ["cluster", "namespace"])
+def test_chart_rbac_is_exactly_what_the_operator_calls(scope: str, needed: set[Triple], helm: str) -> None:
+    values = (
+        ["--set", "scope=namespace", "--set", "watchNamespaces={team-a,team-b}"]
+        if scope == "namespace"
+        else []
+    )
+    roles = granted(rendered(helm, *values), {"name": "rljob-operator", "namespace": "rljob-system"})
+    union = set().union(*roles.values())
+    assert not needed - union, f"missing from the chart ({scope} scope): {sorted(needed - union)}"
+    assert not union - needed, f"granted but never called ({scope} scope): {sorted(union - needed)}"
+    namespaced = needed - {t for t in needed if t[1] in CLUSTER_SCOPED}
+    for (kind, name, ns), rules in roles.items():
+        if kind == "ClusterRole" and scope == "namespace":
+            assert {t[1] for t in rules} <= CLUSTER_SCOPED, f"{name} grants namespaced resources cluster-wide"
+        if kind == "Role" and ns == "rljob-system" and "leases" in {t[1] for t in rules}:
+            assert {t[1] for t in rules} == {"leases"}
+    if scope == "namespace":
+        for ns in ("team-a", "team-b"):
+            per_ns = set().union(*(r for (k, _, n), r in roles.items() if k == "Role" and n == ns))
+            assert namespaced - {t for t in namespaced if t[1] == "leases"} <= per_ns, f"{ns} lacks a rule"
+
+
+def test_control_role_grants_exactly_what_the_controller_api_checks(helm: str) -> None:
+    docs = rendered(helm)
+    role = next(
+        d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "rljob-operator-control"
+    )
+    rules = {
+        (g, r, v)
+        for rule in role["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }
+    assert rules == {(auth.GROUP, f"{auth.RESOURCE}/{auth.SUBRESOURCE}", auth.VERB)}
