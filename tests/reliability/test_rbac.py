@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import inspect
 import json
+import pathlib
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import yaml
-from rljob_operator import auth
+from rljob_operator import auth, kinds
 from rljob_operator.kinds import PLURALS
 from rljob_operator.kubeapi import APPLY_PATCH, KubeApi
 from rljob_operator.manifests import engine_pods, ray_auth_secret
@@ -49,7 +50,10 @@ KOPF_CALLS: set[Triple] = {
     ("apiextensions.k8s.io", "customresourcedefinitions", "list"),  # resource observer
     ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
 }
-CLUSTER_SCOPED = {"tokenreviews", "subjectaccessreviews", "customresourcedefinitions", "namespaces"}
+CLUSTER_SCOPED = {
+    "tokenreviews", "subjectaccessreviews", "customresourcedefinitions", "namespaces",
+    "priorityclasses", "workloadpriorityclasses", "resourceflavors",  # Kueue priority and flavors
+}  # fmt: skip
 VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
 
 
@@ -118,16 +122,62 @@ SAMPLES: dict[str, Any] = {
     "request": CellRequest(name="tiny-cell-0", index=0, generation=1),
 }  # fmt: skip
 GENERIC = {"call", "apply", "create_if_absent"}  # the request primitives: driven through the others
+# Calls on any kind (Kueue's objects): driven with the kinds the code passes them, read from
+# reconcile/queueing.py's source (`test_the_kueue_call_table_is_what_queueing_calls` keeps it so).
+ANY_KIND = {"get_object", "create_object", "delete_object", "patch_object_status"}
+KUEUE_CALLS: set[tuple[str, str]] = {
+    ("get_object", "WORKLOAD_PRIORITY_CLASS_KIND"),
+    ("get_object", "PRIORITY_CLASS_KIND"),
+    ("get_object", "RESOURCE_FLAVOR_KIND"),
+    ("get_object", "WORKLOAD_KIND"),
+    ("create_object", "WORKLOAD_KIND"),  # the Workload built by manifests/workload.py
+    ("delete_object", "WORKLOAD_KIND"),
+    ("patch_object_status", "WORKLOAD_KIND"),
+}
 
 
 async def drive(obj: Any) -> None:
     for name, fn in inspect.getmembers(obj, inspect.iscoroutinefunction):
-        if name.startswith("_") or name in GENERIC:
+        if name.startswith("_") or name in GENERIC | ANY_KIND:
             continue
         params = inspect.signature(fn).parameters
         missing = [p for p, v in params.items() if p not in SAMPLES and v.default is inspect.Parameter.empty]
         assert not missing, f"{type(obj).__name__}.{name}: add a sample for {missing} to SAMPLES"
         await fn(**{p: SAMPLES[p] for p in params if p in SAMPLES})
+
+
+async def drive_kueue_calls(kube: KubeApi) -> None:
+    for method, const in sorted(KUEUE_CALLS):
+        kind = getattr(kinds, const)
+        api_version = kinds.PRIORITY_CLASS_API_VERSION if kind == kinds.PRIORITY_CLASS_KIND else kinds.KUEUE_API_VERSION
+        namespace = "ns" if kind == kinds.WORKLOAD_KIND else None
+        if method == "create_object":
+            await kube.create_object({"apiVersion": api_version, "kind": kind, "metadata": {"name": "w", "namespace": namespace}})
+        elif method == "get_object":
+            await kube.get_object(api_version, kind, namespace, "w")
+        elif method == "delete_object":
+            await kube.delete_object(api_version, kind, "ns", "w")
+        else:
+            await kube.patch_object_status(api_version, kind, "ns", "w", {})
+
+
+def test_the_kueue_call_table_is_what_queueing_calls() -> None:
+    """Every any-kind call in the operator's code, as (method, kind constant), is in KUEUE_CALLS."""
+    import ast
+
+    import rljob_operator
+
+    seen: set[tuple[str, str]] = set()
+    for path in pathlib.Path(rljob_operator.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ANY_KIND:
+                if node.func.attr == "create_object":
+                    seen.add((node.func.attr, "WORKLOAD_KIND"))  # its only object: the Workload
+                    continue
+                const = node.args[1]
+                assert isinstance(const, ast.Name), f"{path.name}:{node.lineno}: pass the kind as a kinds.py constant"
+                seen.add((node.func.attr, const.id))
+    assert seen == KUEUE_CALLS
 
 
 async def operator_calls() -> set[Triple]:
@@ -136,6 +186,7 @@ async def operator_calls() -> set[Triple]:
     try:
         await drive(kube)
         await drive(KubernetesPlatform(kube, "ns", load_job("tiny-cpu")))
+        await drive_kueue_calls(kube)
         for obj in built_objects():
             await kube.apply(obj) if obj["kind"] != "Secret" else await kube.create_if_absent(obj)
     finally:
