@@ -53,6 +53,7 @@ class ThreadReceiver:
     """An engine of one worker: the extension's group calls, run in a thread like vLLM's worker."""
 
     framing = "packed"
+    group_kind = "torch"
 
     def __init__(self, name: str, *, join_fails: bool = False, dies_after_buckets: int | None = None) -> None:
         self.endpoint = f"http://{name}"
