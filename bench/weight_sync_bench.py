@@ -30,7 +30,10 @@ and the first engine's receive (time inside the broadcasts, waiting for a bucket
 and the rest: vLLM's load_weights and re-processing). With RLJOB_WEIGHT_PROFILE_DIR set, every
 engine also writes a cProfile of each receive's loading thread there (the function breakdown
 of bench/RESULTS.md). `--direct-mb`: tensors of at least this size leave the trainer from their
-own memory (0: pack everything, the old behaviour).
+own memory (0: pack everything, the old behaviour). Each round also times two variants of the
+gloo update, interleaved with it so the machine's load hits them alike: `packed` (every tensor
+copied into buckets, as before) and `spread` (the engine's transfer threads moved off the core
+vLLM pins its compute to); their medians are under `variants`.
 
 --smoke: the tiny model's tensors broadcast by WeightBroadcaster into in-process receivers
 (threads that run the extension's receive loop) vs raw gloo, in a few seconds.
@@ -206,20 +209,35 @@ async def bench_fleet(name: str, cells: int, updates: int, bucket_bytes: int, wo
         buckets = plan_buckets(tensors.items(), bucket_bytes, None)
         writer = DiskWeightWriter(workdir / f"sync-{name}-{cells}", path, keep=1)
         broadcaster = WeightBroadcaster("gloo", bucket_bytes=bucket_bytes, direct_bytes=direct_bytes, timeout_s=600.0)
+        # the same update with one thing changed, interleaved so the machine's load hits all alike:
+        # `packed` copies every tensor into buckets (as before direct sends); `spread` moves the
+        # engine's transfer threads off the core vLLM pins its compute to
+        packed = WeightBroadcaster("gloo", bucket_bytes=bucket_bytes, direct_bytes=None, timeout_s=600.0)
         disk: list[dict[str, float]] = []
-        gloo: list[dict[str, float]] = []
+        gloo: list[dict[str, Any]] = []
+        variants: dict[str, list[dict[str, Any]]] = {"packed": [], "spread": []}
         version = 0
+
+        async def timed(b: WeightBroadcaster) -> dict[str, Any]:
+            nonlocal version
+            version += 1
+            receivers = [VLLMReceiver(c) for c in clients]
+            t0 = time.perf_counter()
+            report = await b.update(receivers, tensors, str(version))
+            run = {"seconds": time.perf_counter() - t0, **{f"{k}_seconds": v for k, v in report.seconds.items()},
+                   "engines": [r.last_receive for r in receivers]}
+            await check_versions(clients, version)
+            return run
+
         for _ in range(updates):
             version += 1
             disk.append(await disk_update(clients, writer, model, version))
             await check_versions(clients, version)
-            version += 1
-            receivers = [VLLMReceiver(c) for c in clients]
-            t0 = time.perf_counter()
-            report = await broadcaster.update(receivers, tensors, str(version))
-            gloo.append({"seconds": time.perf_counter() - t0, **{f"{k}_seconds": v for k, v in report.seconds.items()},
-                         "engines": [r.last_receive for r in receivers]})
-            await check_versions(clients, version)
+            gloo.append(await timed(broadcaster))
+            variants["packed"].append(await timed(packed))
+            await asyncio.gather(*(c.collective_rpc("set_weight_transfer_cpus", kwargs={"spread": True}) for c in clients))
+            variants["spread"].append(await timed(broadcaster))
+            await asyncio.gather(*(c.collective_rpc("set_weight_transfer_cpus", kwargs={"spread": False}) for c in clients))
         raw = await asyncio.to_thread(raw_gloo_seconds, buckets, tensors, cells, updates)
         for c in clients:
             await c.reload_weights(str(path))
@@ -240,6 +258,9 @@ async def bench_fleet(name: str, cells: int, updates: int, bucket_bytes: int, wo
         "raw_gloo_seconds": raw_s,
         "disk_gbps": nbytes / disk_s / 1e9, "gloo_gbps": nbytes / gloo_s / 1e9, "raw_gloo_gbps": nbytes / raw_s / 1e9,
         "gloo_vs_raw": raw_s / gloo_s, "gloo_speedup_vs_disk": disk_s / gloo_s, "gloo_breakdown": breakdown(gloo),
+        "variants": {name: {"gloo_seconds": med(r["seconds"] for r in runs), "breakdown": breakdown(runs),
+                            "runs": [r["seconds"] for r in runs]}
+                     for name, runs in variants.items()},
         "disk_runs": disk, "gloo_runs": gloo, "raw_runs": raw,
     }
 
@@ -361,7 +382,9 @@ def main() -> int:
         }
         summary = "weight_sync: " + "; ".join(
             f"{r['model']} x{r['cells']}: disk {r['disk_seconds']:.2f} s, gloo {r['gloo_seconds']:.2f} s "
-            f"({r['gloo_gbps']:.2f} GB/s, {r['gloo_vs_raw']:.0%} of raw {r['raw_gloo_gbps']:.2f} GB/s)" for r in rows
+            f"({r['gloo_gbps']:.2f} GB/s, {r['gloo_vs_raw']:.0%} of raw {r['raw_gloo_gbps']:.2f} GB/s; "
+            f"packed {r['variants']['packed']['gloo_seconds']:.2f} s, spread {r['variants']['spread']['gloo_seconds']:.2f} s)"
+            for r in rows
         ) + (f"; skipped {len(skipped)}" if skipped else "")
     text = json.dumps(result, indent=2)
     print(text)

@@ -83,9 +83,9 @@ def transfer_cpus() -> set[int]:
     CPU worker pinned its compute to (all of them if that leaves none).
 
     vLLM's CPU worker binds its thread, and so every thread it starts, to its OpenMP cores; the
-    receive thread and gloo's own threads then share one core with the load they should
-    overlap (bench/RESULTS.md, "where the time goes"). On GPU workers nothing is pinned and
-    this changes nothing.
+    receive thread and gloo's own threads then share one core with the load they overlap.
+    Whether moving them pays depends on who else uses the other cores (bench/RESULTS.md). On
+    GPU workers nothing is pinned and this changes nothing.
     """
     try:
         pinned = os.sched_getaffinity(0)
@@ -120,7 +120,7 @@ class ReceiveAhead:
     """
 
     def __init__(self, group: Any, buckets: list[Bucket], device: torch.device, timeout_s: float,
-                 digests: dict[str, str] | None = None) -> None:
+                 digests: dict[str, str] | None = None, cpus: set[int] | None = None) -> None:
         self.buckets = buckets
         self.timeout_s = timeout_s
         self.digests = digests
@@ -129,7 +129,7 @@ class ReceiveAhead:
         self.stopped = threading.Event()
         self.receive_s = 0.0  # time the thread spent inside the broadcasts (the link)
         self.thread = threading.Thread(target=self._run, args=(group, device), name="rljob-receive", daemon=True)
-        with on_cpus(transfer_cpus()):
+        with on_cpus(cpus or set()):
             self.thread.start()
 
     def _put(self, item: tuple[Bucket, torch.Tensor] | BaseException) -> None:
@@ -200,6 +200,19 @@ class WeightTransferExtension:
     _rljob_backend: str = "gloo"
     _rljob_timeout_s: float = 60.0
     _rljob_received: dict[str, str] = {}
+    # transfer threads off vLLM's compute cores (transfer_cpus): off by default, because on the
+    # 2-core bench machine the other core is the trainer's and spreading measured slower
+    # (bench/RESULTS.md); where an engine has cores to spare, `set_weight_transfer_cpus(True)`
+    _rljob_spread: bool = False
+
+    def _rljob_transfer_cpus(self) -> set[int]:
+        return transfer_cpus() if self._rljob_spread else set()
+
+    def set_weight_transfer_cpus(self, spread: bool | str = True) -> bool:
+        """Whether the next windows' transfer threads leave vLLM's compute cores (`False`, the
+        default: they stay where vLLM's worker runs); the bench measures both in one run."""
+        self._rljob_spread = spread is True or str(spread).lower() == "true"
+        return self._rljob_spread
 
     def _rljob_worker_rank(self) -> int:
         rank = getattr(self, "rank", 0)
@@ -229,7 +242,7 @@ class WeightTransferExtension:
         self._rljob_backend = backend
         self._rljob_timeout_s = timeout
         self._rljob_store = store
-        with on_cpus(transfer_cpus()):  # gloo's threads start here and keep this affinity
+        with on_cpus(self._rljob_transfer_cpus()):  # gloo's threads start here and keep this affinity
             self._rljob_group = new_process_group(backend, PrefixStore(group_name, store), rank, int(world_size),
                                                   timeout)
         # the trainer's handshake: returns once every rank is connected (or fails at the timeout)
@@ -258,7 +271,8 @@ class WeightTransferExtension:
         digests: dict[str, str] = {}
         self._rljob_received = {}
 
-        ahead = ReceiveAhead(group, buckets, device, timeout, digests if want_digest else None)
+        ahead = ReceiveAhead(group, buckets, device, timeout, digests if want_digest else None,
+                             self._rljob_transfer_cpus())
         # where the update's time goes (bench/RESULTS.md's breakdown): waiting for the link,
         # and the rest of the reload (vLLM's load_weights and re-processing)
         spent = {"wait": 0.0}
