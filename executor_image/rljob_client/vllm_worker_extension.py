@@ -15,6 +15,11 @@ method on every worker of the engine and answers when all returned:
 - `received_weight_checksums()`: sha256 per tensor of what the last receive loaded (asked for
   with `digest`), for the controller's check against the trainer's expected checksums.
 - `close_weight_transfer()`: leave the group; the next window forms a new one.
+- `set_weight_transfer_cpus(spread)`: run the transfer's threads off the cores vLLM pins its
+  compute to (off by default; the bench measures both).
+
+`receive_weights` answers with where its time went (inside the broadcasts, waiting for a
+bucket, hashing, loading), which the bench reports per part.
 
 Nothing here runs until called, so the extension is loaded into every engine (it is inert for
 the disk method). The same code serves `gloo` on CPU and `nccl` on GPUs (buffers on the
