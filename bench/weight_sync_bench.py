@@ -1,6 +1,7 @@
 """Weight sync into vLLM CPU engines: disk reload vs the gloo broadcast, against raw gloo.
 
-    .venv/bin/python bench/weight_sync_bench.py [--updates 5] [--models tiny 0.5b] [--cells 1 2] [--json-out FILE]
+    .venv/bin/python bench/weight_sync_bench.py [--updates 5] [--models tiny 0.5b] [--cells 1 2]
+        [--bucket-mb 512] [--direct-mb 1] [--json-out FILE]
     .venv/bin/python bench/weight_sync_bench.py --smoke      # seconds, no vLLM: CI
 
 For each model (the tiny test model, and a random Llama of about 0.5 B parameters built with
@@ -22,6 +23,17 @@ reference trainer does it inside a window:
 Each vLLM CPU cell of the 0.5 B model takes about 4.5 GiB: a model/fleet combination runs only
 when `free` shows the memory for it (the result says what was left out and why). Every engine
 is checked after each update (the version it reports), so a no-op cannot pass for a fast one.
+
+Each gloo row also carries `gloo_breakdown` (medians): the trainer's steps (pause, form_group,
+broadcast, set_version, resume, leave) and threads (pack, waiting for a packed bucket, send),
+and the first engine's receive (time inside the broadcasts, waiting for a bucket, hashing,
+and the rest: vLLM's load_weights and re-processing). With RLJOB_WEIGHT_PROFILE_DIR set, every
+engine also writes a cProfile of each receive's loading thread there (the function breakdown
+of bench/RESULTS.md). `--direct-mb`: tensors of at least this size leave the trainer from their
+own memory (0: pack everything, the old behaviour). Each round also times two variants of the
+gloo update, interleaved with it so the machine's load hits them alike: `packed` (every tensor
+copied into buckets, as before) and `spread` (the engine's transfer threads moved off the core
+vLLM pins its compute to); their medians are under `variants`.
 
 --smoke: the tiny model's tensors broadcast by WeightBroadcaster into in-process receivers
 (threads that run the extension's receive loop) vs raw gloo, in a few seconds.
@@ -57,7 +69,14 @@ from rljob_client.tinymodel import TinyModelConfig, build_tiny_model  # noqa: E4
 from rljob_client.trainer.weights import DiskWeightWriter, unique_state_dict  # noqa: E402
 from rljob_client.vllm_worker_extension import broadcast_from, connect_store, new_process_group  # noqa: E402
 from rljob_client.weight_broadcast import GroupAddress, VLLMReceiver, WeightBroadcaster  # noqa: E402
-from rljob_client.weight_buckets import DEFAULT_BUCKET_BYTES, Bucket, pack_bucket, plan_buckets, unpack_bucket  # noqa: E402
+from rljob_client.weight_buckets import (  # noqa: E402
+    DEFAULT_BUCKET_BYTES,
+    DEFAULT_DIRECT_BYTES,
+    Bucket,
+    pack_bucket,
+    plan_buckets,
+    unpack_bucket,
+)
 
 from controller_runtime.api.spec import PauseMode  # noqa: E402
 from controller_runtime.clients import VLLMClient  # noqa: E402
@@ -160,7 +179,20 @@ async def check_versions(clients: Sequence[VLLMClient], version: int) -> None:
         raise RuntimeError(f"engines report {got}, expected version {version}")
 
 
-async def bench_fleet(name: str, cells: int, updates: int, bucket_bytes: int, workdir: Path) -> dict[str, Any]:
+def breakdown(gloo: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Median seconds per part of a gloo update: the trainer's steps and threads, and the first
+    engine's receive (time in the broadcasts, waiting for a bucket, loading, hashing)."""
+    parts: dict[str, list[float]] = {}
+    for run in gloo:
+        engine = run["engines"][0][0] if run.get("engines") and run["engines"][0] else {}
+        for key, value in [*run.items(), *((f"engine_{k}", v) for k, v in engine.items())]:
+            if key.endswith("seconds") and isinstance(value, int | float):
+                parts.setdefault(key, []).append(float(value))
+    return {k: round(statistics.median(v), 4) for k, v in parts.items()}
+
+
+async def bench_fleet(name: str, cells: int, updates: int, bucket_bytes: int, workdir: Path,
+                      direct_bytes: int | None = DEFAULT_DIRECT_BYTES) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM
 
     path = model_dir(name)
@@ -173,21 +205,39 @@ async def bench_fleet(name: str, cells: int, updates: int, bucket_bytes: int, wo
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
         tensors = unique_state_dict(model, torch.bfloat16)
         nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
-        buckets = plan_buckets(tensors.items(), bucket_bytes)
+        # raw: the same bytes in the fewest, largest collectives (packed buckets, no direct ones)
+        buckets = plan_buckets(tensors.items(), bucket_bytes, None)
         writer = DiskWeightWriter(workdir / f"sync-{name}-{cells}", path, keep=1)
-        broadcaster = WeightBroadcaster("gloo", bucket_bytes=bucket_bytes, timeout_s=600.0)
+        broadcaster = WeightBroadcaster("gloo", bucket_bytes=bucket_bytes, direct_bytes=direct_bytes, timeout_s=600.0)
+        # the same update with one thing changed, interleaved so the machine's load hits all alike:
+        # `packed` copies every tensor into buckets (as before direct sends); `spread` moves the
+        # engine's transfer threads off the core vLLM pins its compute to
+        packed = WeightBroadcaster("gloo", bucket_bytes=bucket_bytes, direct_bytes=None, timeout_s=600.0)
         disk: list[dict[str, float]] = []
-        gloo: list[dict[str, float]] = []
+        gloo: list[dict[str, Any]] = []
+        variants: dict[str, list[dict[str, Any]]] = {"packed": [], "spread": []}
         version = 0
+
+        async def timed(b: WeightBroadcaster) -> dict[str, Any]:
+            nonlocal version
+            version += 1
+            receivers = [VLLMReceiver(c) for c in clients]
+            t0 = time.perf_counter()
+            report = await b.update(receivers, tensors, str(version))
+            run = {"seconds": time.perf_counter() - t0, **{f"{k}_seconds": v for k, v in report.seconds.items()},
+                   "engines": [r.last_receive for r in receivers]}
+            await check_versions(clients, version)
+            return run
+
         for _ in range(updates):
             version += 1
             disk.append(await disk_update(clients, writer, model, version))
             await check_versions(clients, version)
-            version += 1
-            t0 = time.perf_counter()
-            report = await broadcaster.update([VLLMReceiver(c) for c in clients], tensors, str(version))
-            gloo.append({"seconds": time.perf_counter() - t0, **{f"{k}_seconds": v for k, v in report.seconds.items()}})
-            await check_versions(clients, version)
+            gloo.append(await timed(broadcaster))
+            variants["packed"].append(await timed(packed))
+            await asyncio.gather(*(c.collective_rpc("set_weight_transfer_cpus", kwargs={"spread": True}) for c in clients))
+            variants["spread"].append(await timed(broadcaster))
+            await asyncio.gather(*(c.collective_rpc("set_weight_transfer_cpus", kwargs={"spread": False}) for c in clients))
         raw = await asyncio.to_thread(raw_gloo_seconds, buckets, tensors, cells, updates)
         for c in clients:
             await c.reload_weights(str(path))
@@ -198,14 +248,19 @@ async def bench_fleet(name: str, cells: int, updates: int, bucket_bytes: int, wo
     med = statistics.median
     disk_s, gloo_s, raw_s = med(d["seconds"] for d in disk), med(g["seconds"] for g in gloo), med(raw)
     return {
-        "model": name, "cells": cells, "bytes": nbytes, "tensors": len(tensors), "buckets": len(buckets),
+        "model": name, "cells": cells, "bytes": nbytes, "tensors": len(tensors), "raw_buckets": len(buckets),
+        "gloo_buckets": len(plan_buckets(tensors.items(), bucket_bytes, direct_bytes)),
+        "direct_bytes": direct_bytes, "bucket_bytes": bucket_bytes,
         "params": sum(t.numel() for t in tensors.values()), "updates": updates,
         "disk_seconds": disk_s, "disk_write_seconds": med(d["write_seconds"] for d in disk),
         "disk_reload_seconds": med(d["reload_seconds"] for d in disk),
         "gloo_seconds": gloo_s, "gloo_broadcast_seconds": med(g.get("broadcast_seconds", 0.0) for g in gloo),
         "raw_gloo_seconds": raw_s,
         "disk_gbps": nbytes / disk_s / 1e9, "gloo_gbps": nbytes / gloo_s / 1e9, "raw_gloo_gbps": nbytes / raw_s / 1e9,
-        "gloo_vs_raw": raw_s / gloo_s, "gloo_speedup_vs_disk": disk_s / gloo_s,
+        "gloo_vs_raw": raw_s / gloo_s, "gloo_speedup_vs_disk": disk_s / gloo_s, "gloo_breakdown": breakdown(gloo),
+        "variants": {name: {"gloo_seconds": med(r["seconds"] for r in runs), "breakdown": breakdown(runs),
+                            "runs": [r["seconds"] for r in runs]}
+                     for name, runs in variants.items()},
         "disk_runs": disk, "gloo_runs": gloo, "raw_runs": raw,
     }
 
@@ -217,6 +272,7 @@ class ThreadReceiver:
     """Runs the extension's receive loop (without a model) in a thread of this process."""
 
     framing = "packed"
+    group_kind = "torch"
 
     def __init__(self, index: int) -> None:
         self.endpoint = f"thread://{index}"
@@ -292,6 +348,8 @@ def main() -> int:
     parser.add_argument("--models", nargs="+", default=["tiny", "0.5b"], choices=["tiny", "0.5b"])
     parser.add_argument("--cells", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--bucket-mb", type=int, default=DEFAULT_BUCKET_BYTES // 2**20)
+    parser.add_argument("--direct-mb", type=float, default=DEFAULT_DIRECT_BYTES / 2**20,
+                        help="tensors of at least this size are sent from their own memory; 0: pack everything")
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--json-out", type=Path)
     args = parser.parse_args()
@@ -312,7 +370,9 @@ def main() -> int:
                         skipped.append({"model": name, "cells": cells, "reason": f"needs {need / GIB:.1f} GiB, "
                                         f"{available / GIB:.1f} GiB available"})
                         continue
-                    rows.append(asyncio.run(bench_fleet(name, cells, args.updates, args.bucket_mb * 2**20, Path(tmp))))
+                    direct = int(args.direct_mb * 2**20) or None
+                    rows.append(asyncio.run(bench_fleet(name, cells, args.updates, args.bucket_mb * 2**20, Path(tmp),
+                                                        direct)))
         result["rows"], result["skipped"] = rows, skipped
         half = [r for r in rows if r["model"] == "0.5b"]
         result["targets"] = {
@@ -322,7 +382,9 @@ def main() -> int:
         }
         summary = "weight_sync: " + "; ".join(
             f"{r['model']} x{r['cells']}: disk {r['disk_seconds']:.2f} s, gloo {r['gloo_seconds']:.2f} s "
-            f"({r['gloo_gbps']:.2f} GB/s, {r['gloo_vs_raw']:.0%} of raw {r['raw_gloo_gbps']:.2f} GB/s)" for r in rows
+            f"({r['gloo_gbps']:.2f} GB/s, {r['gloo_vs_raw']:.0%} of raw {r['raw_gloo_gbps']:.2f} GB/s; "
+            f"packed {r['variants']['packed']['gloo_seconds']:.2f} s, spread {r['variants']['spread']['gloo_seconds']:.2f} s)"
+            for r in rows
         ) + (f"; skipped {len(skipped)}" if skipped else "")
     text = json.dumps(result, indent=2)
     print(text)

@@ -221,6 +221,25 @@ class VLLMClient:
     async def close_weight_transfer(self) -> None:
         await self.collective_rpc("close_weight_transfer")
 
+    # -- vLLM's own weight-transfer engine (--weight-transfer-config; rljob_client.vllm_native_nccl) --
+
+    async def init_weight_transfer_engine(self, init_info: dict[str, Any], *, timeout_s: float | None = None) -> None:
+        """Every worker joins the trainer's group; answers once the rendezvous completed."""
+        await self._http.post_json("/init_weight_transfer_engine", {"init_info": init_info}, timeout_s=timeout_s)
+
+    async def start_weight_update(self) -> None:
+        await self._http.post_json("/start_weight_update")
+
+    async def update_weights(self, update_info: dict[str, Any], *, timeout_s: float | None = None) -> None:
+        """Workers receive the named tensors (one broadcast each, in order) and load them."""
+        await self._http.post_json("/update_weights", {"update_info": update_info}, timeout_s=timeout_s)
+
+    async def finish_weight_update(self, version: str | None = None) -> None:
+        await self._http.post_json("/finish_weight_update", {"weight_version": version})
+
+    async def shutdown_weight_transfer_engine(self) -> None:
+        await self._http.post_json("/shutdown_weight_transfer_engine")
+
     async def weight_info(self) -> dict[str, Any]:
         return expect_object(self.endpoint, "/weight_info", await self._http.get_json("/weight_info"))
 

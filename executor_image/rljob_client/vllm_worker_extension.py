@@ -15,6 +15,11 @@ method on every worker of the engine and answers when all returned:
 - `received_weight_checksums()`: sha256 per tensor of what the last receive loaded (asked for
   with `digest`), for the controller's check against the trainer's expected checksums.
 - `close_weight_transfer()`: leave the group; the next window forms a new one.
+- `set_weight_transfer_cpus(spread)`: run the transfer's threads off the cores vLLM pins its
+  compute to (off by default; the bench measures both).
+
+`receive_weights` answers with where its time went (inside the broadcasts, waiting for a
+bucket, hashing, loading), which the bench reports per part.
 
 Nothing here runs until called, so the extension is loaded into every engine (it is inert for
 the disk method). The same code serves `gloo` on CPU and `nccl` on GPUs (buffers on the
@@ -29,13 +34,16 @@ runs inside the vLLM worker process).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import logging
+import os
 import queue
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -75,17 +83,59 @@ def connect_store(address: str, port: int, world_size: int, is_master: bool, tim
                     wait_for_workers=False)
 
 
+def transfer_cpus() -> set[int]:
+    """CPUs for the transfer's threads: those the engine process may use minus the ones vLLM's
+    CPU worker pinned its compute to (all of them if that leaves none).
+
+    vLLM's CPU worker binds its thread, and so every thread it starts, to its OpenMP cores; the
+    receive thread and gloo's own threads then share one core with the load they overlap.
+    Whether moving them pays depends on who else uses the other cores (bench/RESULTS.md). On
+    GPU workers nothing is pinned and this changes nothing.
+    """
+    try:
+        pinned = os.sched_getaffinity(0)
+        allowed = os.sched_getaffinity(os.getppid()) | pinned
+    except OSError:
+        return set()
+    return (allowed - pinned) or allowed
+
+
+@contextlib.contextmanager
+def on_cpus(cpus: set[int]) -> Iterator[None]:
+    """Run the block (and every thread it starts) on `cpus`, then restore the calling thread's."""
+    before = os.sched_getaffinity(0)
+    try:
+        if cpus and cpus != before:
+            os.sched_setaffinity(0, cpus)
+    except OSError as exc:  # a cgroup may forbid it: the transfer still works, only slower
+        log.info("weight transfer: staying on CPUs %s: %s", sorted(before), exc)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(0, before)
+
+
 class ReceiveAhead:
     """Receives bucket i+1 in a thread while the caller loads bucket i (at most one bucket
-    waits), so the link and the loader overlap; a receive error surfaces in the caller."""
+    waits), so the link and the loader overlap; a receive error surfaces in the caller.
 
-    def __init__(self, group: Any, buckets: list[Bucket], device: torch.device, timeout_s: float) -> None:
+    With `digests`, the thread also hashes every tensor it received before handing the bucket
+    over, so verification stays off the loader's path (and hashes the bytes as they arrived).
+    """
+
+    def __init__(self, group: Any, buckets: list[Bucket], device: torch.device, timeout_s: float,
+                 digests: dict[str, str] | None = None, cpus: set[int] | None = None) -> None:
         self.buckets = buckets
         self.timeout_s = timeout_s
+        self.digests = digests
+        self.digest_s = 0.0
         self.ready: queue.Queue[tuple[Bucket, torch.Tensor] | BaseException] = queue.Queue(maxsize=1)
         self.stopped = threading.Event()
+        self.receive_s = 0.0  # time the thread spent inside the broadcasts (the link)
         self.thread = threading.Thread(target=self._run, args=(group, device), name="rljob-receive", daemon=True)
-        self.thread.start()
+        with on_cpus(cpus or set()):
+            self.thread.start()
 
     def _put(self, item: tuple[Bucket, torch.Tensor] | BaseException) -> None:
         while not self.stopped.is_set():
@@ -101,7 +151,13 @@ class ReceiveAhead:
                 if self.stopped.is_set():
                     return
                 buf = torch.empty(bucket.nbytes, dtype=torch.uint8, device=device)
+                started = time.perf_counter()
                 broadcast_from(group, buf, 0, self.timeout_s)
+                self.receive_s += time.perf_counter() - started
+                if self.digests is not None:
+                    hashed = time.perf_counter()
+                    self.digests.update((name, tensor_digest(t)) for name, t in unpack_bucket(bucket, buf))
+                    self.digest_s += time.perf_counter() - hashed
                 self._put((bucket, buf))
         except BaseException as exc:
             self._put(exc)
@@ -122,6 +178,25 @@ class ReceiveAhead:
         self.thread.join(self.timeout_s + 5.0)
 
 
+PROFILE_DIR_ENV = "RLJOB_WEIGHT_PROFILE_DIR"
+
+
+def _profiler() -> Any:
+    """A cProfile of the receive's loading thread when RLJOB_WEIGHT_PROFILE_DIR is set (the
+    bench's `--profile`): the breakdown of vLLM's reload by function, off by default."""
+    if not os.environ.get(PROFILE_DIR_ENV):
+        return None
+    import cProfile
+
+    return cProfile.Profile()
+
+
+def _dump_profile(profiler: Any) -> None:
+    out = Path(os.environ[PROFILE_DIR_ENV])
+    out.mkdir(parents=True, exist_ok=True)
+    profiler.dump_stats(out / f"receive-{os.getpid()}-{time.time_ns()}.pstats")
+
+
 class WeightTransferExtension:
     """Mixed into vLLM's worker; `self` is the worker (model_runner, device, rank)."""
 
@@ -130,6 +205,19 @@ class WeightTransferExtension:
     _rljob_backend: str = "gloo"
     _rljob_timeout_s: float = 60.0
     _rljob_received: dict[str, str] = {}
+    # transfer threads off vLLM's compute cores (transfer_cpus): off by default, because on the
+    # 2-core bench machine the other core is the trainer's and spreading measured slower
+    # (bench/RESULTS.md); where an engine has cores to spare, `set_weight_transfer_cpus(True)`
+    _rljob_spread: bool = False
+
+    def _rljob_transfer_cpus(self) -> set[int]:
+        return transfer_cpus() if self._rljob_spread else set()
+
+    def set_weight_transfer_cpus(self, spread: bool | str = True) -> bool:
+        """Whether the next windows' transfer threads leave vLLM's compute cores (`False`, the
+        default: they stay where vLLM's worker runs); the bench measures both in one run."""
+        self._rljob_spread = spread is True or str(spread).lower() == "true"
+        return self._rljob_spread
 
     def _rljob_worker_rank(self) -> int:
         rank = getattr(self, "rank", 0)
@@ -159,7 +247,9 @@ class WeightTransferExtension:
         self._rljob_backend = backend
         self._rljob_timeout_s = timeout
         self._rljob_store = store
-        self._rljob_group = new_process_group(backend, PrefixStore(group_name, store), rank, int(world_size), timeout)
+        with on_cpus(self._rljob_transfer_cpus()):  # gloo's threads start here and keep this affinity
+            self._rljob_group = new_process_group(backend, PrefixStore(group_name, store), rank, int(world_size),
+                                                  timeout)
         # the trainer's handshake: returns once every rank is connected (or fails at the timeout)
         broadcast_from(self._rljob_group, torch.zeros(1, dtype=torch.uint8, device=self._rljob_device()), 0, timeout)
         log.info("weight transfer: joined %s as rank %d of %d (%s) in %.2f s", group_name, rank, world_size,
@@ -186,20 +276,32 @@ class WeightTransferExtension:
         digests: dict[str, str] = {}
         self._rljob_received = {}
 
-        ahead = ReceiveAhead(group, buckets, device, timeout)
+        ahead = ReceiveAhead(group, buckets, device, timeout, digests if want_digest else None,
+                             self._rljob_transfer_cpus())
+        # where the update's time goes (bench/RESULTS.md's breakdown): waiting for the link,
+        # and the rest of the reload (vLLM's load_weights and re-processing)
+        spent = {"wait": 0.0}
 
         def received() -> Iterator[tuple[str, torch.Tensor]]:
-            for bucket, buf in ahead:
+            arrivals = iter(ahead)
+            while True:
+                waited = time.perf_counter()
+                item = next(arrivals, None)
+                spent["wait"] += time.perf_counter() - waited
+                if item is None:
+                    return
+                bucket, buf = item
                 counts["bytes"] += bucket.nbytes
                 for name, tensor in unpack_bucket(bucket, buf):
                     counts["tensors"] += 1
-                    if want_digest:
-                        digests[name] = tensor_digest(tensor)
                     yield name, tensor
 
+        profiler = _profiler()
         try:
             # vLLM's in-place reload (what reload_weights from disk runs) over a stream of
             # buckets: it restores the loaders that post-processing removed, loads, re-processes.
+            if profiler is not None:
+                profiler.enable()
             self.model_runner.reload_weights(weights_iterator=received(), is_checkpoint_format=True)  # type: ignore[attr-defined]
         except BaseException:
             # The model may hold part of the new weights: leave the group so that nothing
@@ -208,10 +310,16 @@ class WeightTransferExtension:
             self._rljob_finish_interrupted_reload()
             raise
         finally:
+            if profiler is not None:
+                profiler.disable()
+                _dump_profile(profiler)
             ahead.stop()
         tensors, nbytes = counts["tensors"], counts["bytes"]
         self._rljob_received = digests
-        return {"tensors": tensors, "bytes": nbytes, "seconds": round(time.monotonic() - started, 4)}
+        seconds = time.monotonic() - started
+        return {"tensors": tensors, "bytes": nbytes, "seconds": round(seconds, 4),
+                "receive_seconds": round(ahead.receive_s, 4), "wait_seconds": round(spent["wait"], 4),
+                "digest_seconds": round(ahead.digest_s, 4), "load_seconds": round(seconds - spent["wait"], 4)}
 
     def _rljob_finish_interrupted_reload(self) -> None:
         """Close the layerwise reload an interrupted stream left open (its loaders stay wrapped

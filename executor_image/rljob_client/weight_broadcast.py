@@ -46,6 +46,7 @@ from controller_runtime.errors import EngineError
 from rljob_client.vllm_worker_extension import broadcast_from, connect_store, new_process_group
 from rljob_client.weight_buckets import (
     DEFAULT_BUCKET_BYTES,
+    DEFAULT_DIRECT_BYTES,
     Bucket,
     dtype_name,
     pack_bucket,
@@ -96,6 +97,7 @@ class WeightReceiver(Protocol):
 
     endpoint: str
     framing: str  # "packed": one flat buffer per bucket; "per_tensor": one broadcast per tensor
+    group_kind: str  # "torch": a torch process group on a TCPStore; "vllm-pynccl": vLLM's own
 
     async def join(self, group: GroupAddress, rank_offset: int) -> None: ...
     async def receive(self, buckets: Sequence[Bucket], version: str | None, timeout_s: float,
@@ -108,6 +110,8 @@ class WeightReceiver(Protocol):
 
 class _EngineControl:
     """Pause, resume and the weight version: the same calls on every engine client."""
+
+    group_kind = "torch"
 
     def __init__(self, client: Any) -> None:
         self.client = client
@@ -129,6 +133,10 @@ class VLLMReceiver(_EngineControl):
     framing = "packed"
     client: VLLMClient
 
+    def __init__(self, client: VLLMClient) -> None:
+        super().__init__(client)
+        self.last_receive: list[Any] = []  # the workers' summaries of the last receive (their timings)
+
     async def join(self, group: GroupAddress, rank_offset: int) -> None:
         await self.client.init_weight_transfer(group.master_address, group.master_port, rank_offset,
                                                group.world_size, backend=group.backend,
@@ -137,8 +145,8 @@ class VLLMReceiver(_EngineControl):
     async def receive(self, buckets: Sequence[Bucket], version: str | None, timeout_s: float,
                       bucket_sent: Callable[[int], Awaitable[None]], digest: bool = False) -> None:
         plan = json.dumps([b.to_wire() for b in buckets], separators=(",", ":"))
-        await self.client.receive_weights(plan, transfer_timeout_s=timeout_s, digest=digest,
-                                          timeout_s=timeout_s + 30.0)
+        self.last_receive = await self.client.receive_weights(plan, transfer_timeout_s=timeout_s, digest=digest,
+                                                              timeout_s=timeout_s + 30.0)
 
     async def leave(self) -> None:
         await self.client.close_weight_transfer()
@@ -177,8 +185,14 @@ class SGLangReceiver(_EngineControl):
         """SGLang keeps its group until the server restarts; nothing to call."""
 
 
-def receiver_for(client: Any) -> WeightReceiver:
+def receiver_for(client: Any, *, native_nccl: bool = False) -> WeightReceiver:
+    """The receiver of `client`'s engine kind; `native_nccl`: vLLM's own NCCL engine (GPU
+    engines, windows that verify no checksums) instead of the rljob extension."""
     if isinstance(client, VLLMClient):
+        if native_nccl:
+            from rljob_client.vllm_native_nccl import VLLMNativeReceiver
+
+            return VLLMNativeReceiver(client)
         return VLLMReceiver(client)
     if isinstance(client, SGLangClient):
         return SGLangReceiver(client)
@@ -247,6 +261,31 @@ class TrainerGroup:
         self.store = None
 
 
+class SenderGroup(Protocol):
+    """The trainer's rank 0 of a window's group (TrainerGroup, or vllm_native_nccl's)."""
+
+    address: GroupAddress
+    device: torch.device
+
+    def form(self, handshake: bool) -> None: ...
+    def broadcast(self, tensor: torch.Tensor) -> None: ...
+    def close(self) -> None: ...
+
+
+def sender_group_class(receivers: Sequence[WeightReceiver]) -> Callable[..., SenderGroup]:
+    """The trainer's side of the group the receivers join (one kind per window)."""
+    kinds = {r.group_kind for r in receivers}
+    if len(kinds) != 1:
+        raise ValueError(f"engines of one window must join one kind of group, not {sorted(kinds)}")
+    if kinds == {"torch"}:
+        return TrainerGroup
+    from rljob_client.vllm_native_nccl import GROUP_KIND, NativeNCCLGroup
+
+    if kinds == {GROUP_KIND}:
+        return NativeNCCLGroup
+    raise ValueError(f"unknown group kind {kinds.pop()!r}")
+
+
 async def _bounded(step: str, engines: Sequence[str], seconds: float, aws: Iterable[Awaitable[Any]]) -> list[Any]:
     tasks = [asyncio.ensure_future(a) for a in aws]
     try:
@@ -271,6 +310,7 @@ class WeightBroadcaster:
         backend: str = "gloo",
         *,
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        direct_bytes: int | None = DEFAULT_DIRECT_BYTES,
         timeout_s: float = 120.0,
         pause_mode: PauseMode = PauseMode.wait,
         group_name: str = DEFAULT_GROUP_NAME,
@@ -280,6 +320,7 @@ class WeightBroadcaster:
             raise ValueError(f"backend must be gloo or nccl, not {backend!r}")
         self.backend = backend
         self.bucket_bytes = bucket_bytes
+        self.direct_bytes = direct_bytes
         self.timeout_s = timeout_s
         self.pause_mode = pause_mode
         self.group_name = group_name
@@ -307,24 +348,24 @@ class WeightBroadcaster:
         ranks = list(workers) if workers is not None else [1] * len(receivers)
         report = TransferReport()
         t0 = time.monotonic()
-        buckets = plan_buckets(tensors.items(), self.bucket_bytes)
+        buckets = plan_buckets(tensors.items(), self.bucket_bytes, self.direct_bytes)
         report.buckets = len(buckets)
         report.tensors = sum(len(b.slots) for b in buckets)
         report.bytes = sum(b.nbytes for b in buckets)
-        group: TrainerGroup | None = None
+        group: SenderGroup | None = None
         try:
             try:
                 await _bounded("pause", endpoints, self.timeout_s, (r.pause(self.pause_mode) for r in receivers))
                 report.seconds["pause"] = time.monotonic() - t0
                 address = self.master_address or local_address_towards(endpoints[0])
-                group = await asyncio.to_thread(TrainerGroup, self.backend, address, 1 + sum(ranks),
-                                                self.group_name, self.timeout_s)
+                group = formed = await asyncio.to_thread(sender_group_class(receivers), self.backend, address,
+                                                         1 + sum(ranks), self.group_name, self.timeout_s)
                 t1 = time.monotonic()
                 offsets = [1 + sum(ranks[:i]) for i in range(len(receivers))]
                 handshake = all(r.framing == "packed" for r in receivers)
                 await _bounded("form group", endpoints, self.timeout_s + 5.0,
-                               [asyncio.to_thread(group.form, handshake),
-                                *(r.join(group.address, off) for r, off in zip(receivers, offsets, strict=True))])
+                               [asyncio.to_thread(formed.form, handshake),
+                                *(r.join(formed.address, off) for r, off in zip(receivers, offsets, strict=True))])
                 report.seconds["form_group"] = time.monotonic() - t1
             except Exception as exc:
                 await self._resume_untouched(receivers)
@@ -332,13 +373,19 @@ class WeightBroadcaster:
                     raise
                 raise WeightTransferFailed("form group", endpoints, exc) from exc
             t2 = time.monotonic()
-            await self._broadcast(group, receivers, buckets, tensors, version, digest)
+            await self._broadcast(formed, receivers, buckets, tensors, version, digest, report)
             report.seconds["broadcast"] = time.monotonic() - t2
+            t3 = time.monotonic()
             if version is not None:
                 await _bounded("set weight version", endpoints, self.timeout_s,
                                (r.set_weight_version(version) for r in receivers))
+            report.seconds["set_version"] = time.monotonic() - t3
+            t4 = time.monotonic()
             await _bounded("resume", endpoints, self.timeout_s, (r.resume() for r in receivers))
+            report.seconds["resume"] = time.monotonic() - t4
+            t5 = time.monotonic()
             await _bounded("leave group", endpoints, self.timeout_s, (r.leave() for r in receivers))
+            report.seconds["leave"] = time.monotonic() - t5
         finally:
             if group is not None:
                 await asyncio.to_thread(group.close)
@@ -355,8 +402,9 @@ class WeightBroadcaster:
             if isinstance(res, BaseException):
                 log.warning("weights: resuming %s after a failed group failed too: %s", r.endpoint, res)
 
-    async def _broadcast(self, group: TrainerGroup, receivers: Sequence[WeightReceiver], buckets: Sequence[Bucket],
-                         tensors: Mapping[str, torch.Tensor], version: str | None, digest: bool) -> None:
+    async def _broadcast(self, group: SenderGroup, receivers: Sequence[WeightReceiver], buckets: Sequence[Bucket],
+                         tensors: Mapping[str, torch.Tensor], version: str | None, digest: bool,
+                         report: TransferReport) -> None:
         endpoints = [r.endpoint for r in receivers]
         framing = {r.framing for r in receivers}
         if len(framing) != 1:
@@ -367,13 +415,26 @@ class WeightBroadcaster:
 
             def send_all() -> None:
                 # pack bucket i+1 while bucket i is on the wire
+                spent = {"pack": 0.0, "pack_wait": 0.0, "send": 0.0}
+
+                def pack(bucket: Bucket) -> torch.Tensor:
+                    started = time.perf_counter()
+                    buf = pack_bucket(bucket, tensors, group.device)
+                    spent["pack"] += time.perf_counter() - started
+                    return buf
+
                 with ThreadPoolExecutor(1, thread_name_prefix="rljob-pack") as pool:
-                    nxt = pool.submit(pack_bucket, buckets[0], tensors, group.device) if buckets else None
+                    nxt = pool.submit(pack, buckets[0]) if buckets else None
                     for i in range(len(buckets)):
                         assert nxt is not None
+                        waited = time.perf_counter()
                         buf = nxt.result()
-                        nxt = pool.submit(pack_bucket, buckets[i + 1], tensors, group.device) if i + 1 < len(buckets) else None
+                        spent["pack_wait"] += time.perf_counter() - waited
+                        nxt = pool.submit(pack, buckets[i + 1]) if i + 1 < len(buckets) else None
+                        sent = time.perf_counter()
                         group.broadcast(buf)
+                        spent["send"] += time.perf_counter() - sent
+                report.seconds.update({f"{k}_threads": v for k, v in spent.items()})
 
             await _bounded("broadcast", endpoints, self.timeout_s + 30.0,
                            [asyncio.to_thread(send_all),
@@ -426,4 +487,5 @@ __all__ = [
     "local_address_towards",
     "named_tensors",
     "receiver_for",
+    "sender_group_class",
 ]

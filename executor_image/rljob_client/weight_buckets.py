@@ -19,6 +19,11 @@ import torch
 
 ALIGN = 64
 DEFAULT_BUCKET_BYTES = 512 * 1024 * 1024
+# A tensor at least this large is sent from its own memory (a bucket of its own) rather than
+# copied into a packed one: packing is a second copy of the model on the trainer's CPU, which
+# competes with the link and the engines' loads (bench/RESULTS.md, "where the time goes").
+# Below it, one collective per tensor costs more than the copy saves.
+DEFAULT_DIRECT_BYTES = 1024 * 1024
 
 _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -81,33 +86,49 @@ class Bucket:
         return cls(tuple(TensorSlot.from_wire(t) for t in tensors), int(str(raw["nbytes"])))
 
 
-def plan_buckets(tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> list[Bucket]:
-    """Tensors in order, packed greedily into buckets of at most `bucket_bytes` (a larger
-    tensor gets a bucket of its own): fewer, larger collectives are what reach the link's bandwidth."""
+def plan_buckets(tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                 direct_bytes: int | None = DEFAULT_DIRECT_BYTES) -> list[Bucket]:
+    """Tensors in order, packed greedily into buckets of at most `bucket_bytes`; a tensor larger
+    than that, or of at least `direct_bytes` (None: never), gets a bucket of its own, which
+    `pack_bucket` sends without a copy. Fewer, larger collectives are what reach the link's
+    bandwidth; the direct ones are large enough already."""
     if bucket_bytes < 1:
         raise ValueError("bucket_bytes must be positive")
+    if direct_bytes is not None and direct_bytes < 1:
+        raise ValueError("direct_bytes must be positive (or None)")
     buckets: list[Bucket] = []
     slots: list[TensorSlot] = []
     used = 0
     for name, t in tensors:
         nbytes = t.numel() * t.element_size()
-        if slots and _aligned(used) + nbytes > bucket_bytes:
+        alone = nbytes > bucket_bytes or (direct_bytes is not None and nbytes >= direct_bytes)
+        if slots and (alone or _aligned(used) + nbytes > bucket_bytes):
             buckets.append(Bucket(tuple(slots), used))
             slots, used = [], 0
-        offset = _aligned(used)
-        slots.append(TensorSlot(name, dtype_name(t.dtype), tuple(t.shape), offset, nbytes))
-        used = offset + nbytes
+        slot = TensorSlot(name, dtype_name(t.dtype), tuple(t.shape), _aligned(used), nbytes)
+        if alone:
+            buckets.append(Bucket((slot,), nbytes))
+            continue
+        slots.append(slot)
+        used = slot.offset + nbytes
     if slots:
         buckets.append(Bucket(tuple(slots), used))
     return buckets
 
 
+def _as_bytes(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """`t`'s bytes, flat, on `device`: a view of its own memory when it is already there and contiguous."""
+    return t.detach().to(device).contiguous().reshape(-1).view(torch.uint8)
+
+
 def pack_bucket(bucket: Bucket, tensors: Mapping[str, torch.Tensor], device: torch.device | str = "cpu") -> torch.Tensor:
-    """One flat uint8 buffer holding the bucket's tensors at their offsets."""
+    """One flat uint8 buffer holding the bucket's tensors at their offsets; a bucket of one
+    tensor is that tensor's own memory (no copy), so the caller must not change it while it is sent."""
+    if len(bucket.slots) == 1 and bucket.slots[0].offset == 0:
+        return _as_bytes(tensors[bucket.slots[0].name], device)
     buf = torch.zeros(bucket.nbytes, dtype=torch.uint8, device=device)
     for slot in bucket.slots:
-        src = tensors[slot.name].detach().contiguous().reshape(-1).view(torch.uint8)
-        buf[slot.offset:slot.offset + slot.nbytes].copy_(src)
+        buf[slot.offset:slot.offset + slot.nbytes].copy_(_as_bytes(tensors[slot.name], device))
     return buf
 
 

@@ -63,3 +63,17 @@ def test_leftovers_of_an_earlier_run_never_outlive_the_version_just_written(tmp_
     assert writer.versions() == [0]
     writer.save(model, 1)
     assert writer.versions() == [0, 1]
+
+
+def test_the_sent_tensors_are_a_snapshot_never_the_models_memory_cast_or_not() -> None:
+    from rljob_client.trainer.weights import unique_state_dict
+
+    model = torch.nn.Linear(3, 2)
+    for dtype in (torch.bfloat16, torch.float32, None):
+        snap = unique_state_dict(model, dtype)
+        assert snap["weight"].untyped_storage().data_ptr() != model.weight.untyped_storage().data_ptr()
+        expected = model.weight.detach().to(dtype or model.weight.dtype).clone()
+        assert torch.equal(snap["weight"], expected)
+        with torch.no_grad():
+            model.weight.add_(1.0)  # the optimizer's next step must not reach what is being sent
+        assert torch.equal(snap["weight"], expected)

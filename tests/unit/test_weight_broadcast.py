@@ -53,6 +53,7 @@ class ThreadReceiver:
     """An engine of one worker: the extension's group calls, run in a thread like vLLM's worker."""
 
     framing = "packed"
+    group_kind = "torch"
 
     def __init__(self, name: str, *, join_fails: bool = False, dies_after_buckets: int | None = None) -> None:
         self.endpoint = f"http://{name}"
@@ -144,3 +145,27 @@ async def test_no_engine_is_a_failure_not_an_empty_success() -> None:
 def test_only_gloo_and_nccl_are_backends() -> None:
     with pytest.raises(ValueError):
         WeightBroadcaster("mpi")
+
+
+def test_a_tensor_of_at_least_direct_bytes_is_sent_from_its_own_memory_the_rest_packed() -> None:
+    tensors = {
+        "small.a": torch.arange(10, dtype=torch.float32),
+        "big": torch.randn(64, 64),  # 16 KiB
+        "small.b": torch.arange(5, dtype=torch.int64),
+    }
+    buckets = plan_buckets(tensors.items(), bucket_bytes=1 << 20, direct_bytes=16 * 1024)
+    assert [[s.name for s in b.slots] for b in buckets] == [["small.a"], ["big"], ["small.b"]]
+    sent = pack_bucket(buckets[1], tensors)
+    assert sent.data_ptr() == tensors["big"].data_ptr()  # no copy on the trainer
+    for bucket in buckets:
+        for name, t in unpack_bucket(bucket, pack_bucket(bucket, tensors)):
+            assert torch.equal(t, tensors[name])
+    packed = plan_buckets(tensors.items(), bucket_bytes=1 << 20, direct_bytes=None)
+    assert len(packed) == 1 and pack_bucket(packed[0], tensors).data_ptr() != tensors["big"].data_ptr()
+
+
+def test_a_non_contiguous_direct_tensor_is_copied_not_sent_as_its_strided_memory() -> None:
+    t = torch.randn(64, 64).t()  # a view whose memory is not in row-major order
+    (bucket,) = plan_buckets([("t", t)], bucket_bytes=1 << 20, direct_bytes=1)
+    ((_, got),) = unpack_bucket(bucket, pack_bucket(bucket, {"t": t}))
+    assert torch.equal(got, t)

@@ -18,6 +18,7 @@ window, which recreates every participant. A failure before any weight moved res
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -65,9 +66,14 @@ class DistributedTransport:
             receivers = [self.receiver(c) for c in clients]
             workers = [max(1, e.gpu_count) for e in window.engines]
             verify = self.context.check_weights
-            report = await self.broadcaster.update(receivers, tensors, str(version), workers, digest=verify)
-            if verify:
-                window.expected_checksums = expected_checksums(tensors)
+            # the trainer hashes what it sends while it sends it (hashlib leaves the GIL)
+            hashing = asyncio.ensure_future(asyncio.to_thread(expected_checksums, tensors)) if verify else None
+            try:
+                report = await self.broadcaster.update(receivers, tensors, str(version), workers, digest=verify)
+            finally:
+                checksums = await hashing if hashing is not None else None
+            if checksums is not None:
+                window.expected_checksums = checksums
             window.pushed.extend(e.cell for e in window.engines)
             log.info("weights v%d (%s): %.1f MB to %d engines in %.2f s (%s)", version, self.broadcaster.backend,
                      report.bytes / 1e6, len(receivers), report.seconds.get("total", 0.0), report.seconds)
@@ -86,4 +92,9 @@ def gloo_transport(context: TransportContext) -> DistributedTransport:
 
 
 def nccl_transport(context: TransportContext) -> DistributedTransport:
-    return DistributedTransport(context, "nccl")
+    """GPU engines: vLLM's own NCCL weight-transfer engine where `use_native` allows it, else the
+    rljob extension's receive with CUDA buffers."""
+    from rljob_client.vllm_native_nccl import use_native
+
+    native = use_native(context.check_weights)
+    return DistributedTransport(context, "nccl", receiver=lambda c: receiver_for(c, native_nccl=native))

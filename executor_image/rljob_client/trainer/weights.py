@@ -48,7 +48,10 @@ def unique_state_dict(model: torch.nn.Module, dtype: torch.dtype | None) -> dict
         t = tensor.detach()
         if dtype is not None and t.is_floating_point():
             t = t.to(dtype)
-        out[name] = t.contiguous().cpu().clone()
+        t = t.contiguous().cpu()
+        # a snapshot: copy only what the cast (or the move) did not copy already; a second copy
+        # of the model here is time inside the update window
+        out[name] = t.clone() if t.untyped_storage().data_ptr() == tensor.untyped_storage().data_ptr() else t
     return out
 
 
