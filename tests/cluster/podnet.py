@@ -1,0 +1,154 @@
+"""Pod network namespaces for the process agent (``RLJOB_TESTCLUSTER_PODNET=1``).
+
+A kubelet asks its CNI plugins for a pod's network before it starts the pod's containers;
+the agent does the same for a process pod: a named network namespace of its own, the CNI
+``loopback`` plugin for its ``lo``, the CNI ``bridge`` plugin (with ``host-local`` IPAM) for an
+``eth0`` veth to the cluster's bridge, and an ``/etc/netns/<ns>/resolv.conf`` that ``ip netns
+exec`` bind-mounts over ``/etc/resolv.conf`` in the process's own mount namespace (so the
+process resolves Service names through the cluster's CoreDNS without knowing it).
+
+kwok has already chosen the pod's address (``status.podIP``, from its node's podCIDR), and the
+API server has already published it in EndpointSlices; the agent asks host-local for exactly
+that address (``CNI_ARGS IP=``) so the address in the API is the one the process has.
+
+All of this happens inside the cluster's own network namespace (tests/cluster/up), where the
+agent runs: the bridge and the host ends of the veths live there, and nothing is created in
+the machine's namespace.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+BRIDGE = "rljob0"  # one per cluster network namespace, so the name never collides
+CNI_VERSION = "1.0.0"
+ETC_NETNS = Path("/etc/netns")
+
+
+def gateway_of(pod_cidr: str) -> str:
+    """The bridge's address in a node's pod CIDR: its last usable address, because kwok hands
+    out pod addresses from the bottom of the range and must never hand out the gateway's."""
+    net = ipaddress.ip_network(pod_cidr)
+    return str(net.broadcast_address - 1)
+
+
+def bridge_config(network: str, pod_cidr: str, ipam_dir: Path) -> dict:
+    """CNI network configuration of one node: its pod CIDR on the shared bridge."""
+    return {
+        "cniVersion": CNI_VERSION,
+        "name": network,
+        "type": "bridge",
+        "bridge": BRIDGE,
+        "isGateway": True,
+        "ipMasq": False,
+        "hairpinMode": True,
+        "ipam": {
+            "type": "host-local",
+            "ranges": [[{"subnet": pod_cidr, "gateway": gateway_of(pod_cidr)}]],
+            "routes": [{"dst": "0.0.0.0/0"}],
+            "dataDir": str(ipam_dir),
+        },
+    }
+
+
+def loopback_config() -> dict:
+    return {"cniVersion": CNI_VERSION, "name": "lo", "type": "loopback"}
+
+
+def resolv_conf(namespace: str, dns_ip: str, domain: str) -> str:
+    """What a kubelet writes for dnsPolicy ClusterFirst."""
+    search = f"{namespace}.svc.{domain} svc.{domain} {domain}"
+    return f"nameserver {dns_ip}\nsearch {search}\noptions ndots:5\n"
+
+
+def netns_name(prefix: str, uid: str) -> str:
+    return f"{prefix}-p-{uid.replace('-', '')[:12]}"
+
+
+def wrap(argv: list[str], netns: str) -> list[str]:
+    """argv run in the pod's network namespace, with /etc/netns/<netns>/ mounted over /etc/."""
+    return ["ip", "netns", "exec", netns, *argv]
+
+
+class CNIError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class PodNetwork:
+    cni_bin: Path  # bridge, host-local, loopback
+    state: Path  # network configurations of pods (for DEL) and host-local's data
+    prefix: str  # netns names: <prefix>-p-<uid>
+    dns_ip: str
+    domain: str = "cluster.local"
+
+    def _cni(
+        self, command: str, conf: dict, netns: str, container_id: str, ifname: str, cni_args: str = ""
+    ) -> dict:
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
+            "CNI_COMMAND": command,
+            "CNI_CONTAINERID": container_id,
+            "CNI_NETNS": f"/run/netns/{netns}",
+            "CNI_IFNAME": ifname,
+            "CNI_PATH": str(self.cni_bin),
+        }
+        if cni_args:
+            env["CNI_ARGS"] = cni_args
+        res = subprocess.run(
+            [str(self.cni_bin / conf["type"])],
+            input=json.dumps(conf),
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        if res.returncode != 0:
+            raise CNIError(
+                f"CNI {conf['type']} {command} for {container_id}: {res.stdout.strip()} {res.stderr.strip()}"
+            )
+        return json.loads(res.stdout) if res.stdout.strip() else {}
+
+    def _conf_path(self, uid: str) -> Path:
+        return self.state / "pods" / f"{uid}.json"
+
+    def setup(self, uid: str, namespace: str, pod_ip: str, pod_cidr: str, node: str) -> str:
+        """The pod's network namespace, wired to the bridge with pod_ip; returns its name."""
+        name = netns_name(self.prefix, uid)
+        if not Path(f"/run/netns/{name}").exists():
+            subprocess.run(["ip", "netns", "add", name], check=True, capture_output=True, timeout=30)
+        conf = bridge_config(f"rljob-{node}", pod_cidr, self.state / "ipam")
+        path = self._conf_path(uid)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"netns": name, "conf": conf}))
+        self._cni("ADD", loopback_config(), name, uid, "lo")
+        self._cni("ADD", conf, name, uid, "eth0", f"IgnoreUnknown=1;IP={pod_ip}")
+        etc = ETC_NETNS / name
+        etc.mkdir(parents=True, exist_ok=True)
+        (etc / "resolv.conf").write_text(resolv_conf(namespace, self.dns_ip, self.domain))
+        return name
+
+    def teardown(self, uid: str) -> None:
+        """Release the address and delete the namespace (its veth goes with it)."""
+        path = self._conf_path(uid)
+        try:
+            saved = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return
+        name = saved["netns"]
+        try:
+            self._cni("DEL", saved["conf"], name, uid, "eth0")
+        finally:
+            subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
+            shutil.rmtree(ETC_NETNS / name, ignore_errors=True)
+            path.unlink(missing_ok=True)
+
+    def teardown_all(self) -> None:
+        for path in sorted((self.state / "pods").glob("*.json")):
+            self.teardown(path.stem)
