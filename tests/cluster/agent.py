@@ -57,7 +57,7 @@ from pathlib import Path
 
 from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
-from podnet import PodNetwork, wrap  # tests/cluster/podnet.py (this script's directory)
+from podnet import TOKEN_SECONDS, PodNetwork, wrap  # tests/cluster/podnet.py (this script's directory)
 
 LABEL = "testcluster.rljob.io/run"
 LABEL_SELECTOR = f"{LABEL}=process"
@@ -158,9 +158,11 @@ def _pid_is_pod(pid: int, uid: str) -> bool:
 
 
 class Agent:
-    def __init__(self, api: client.ApiClient, cache: Path, podnet: PodNetwork | None = None):
+    def __init__(self, api: client.ApiClient, cache: Path, podnet: PodNetwork | None = None,
+                 kubernetes_service: str = ""):
         self.api = api
         self.podnet = podnet
+        self.kubernetes_service = kubernetes_service  # host:port of the `kubernetes` Service
         self.pod_cidrs: dict[str, str] = {}  # node -> podCIDR
         self.core = client.CoreV1Api(api)
         self.cache = cache
@@ -277,6 +279,9 @@ class Agent:
         venv_bin = str(Path(sys.executable).parent)
         if env.get("PATH", "").split(":")[0] != venv_bin:
             env["PATH"] = f"{venv_bin}:{env.get('PATH', '')}"
+        if self.podnet is not None and self.kubernetes_service:
+            host, _, port = self.kubernetes_service.rpartition(":")
+            env.update({"KUBERNETES_SERVICE_HOST": host, "KUBERNETES_SERVICE_PORT": port})
         env.update(defined)
         env[MARKER_ENV] = pod.metadata.uid
         return env
@@ -296,7 +301,7 @@ class Agent:
                 node = pod.spec.node_name
                 netns = self.podnet.setup(meta.uid, meta.namespace, pod.status.pod_ip,
                                           self.pod_cidr(node), node)
-                argv = wrap(argv, netns)
+                argv = wrap(argv, netns, self.service_account(pod))
             with open(log_path, "ab") as logf:  # the child keeps its own copy of the fd
                 popen = subprocess.Popen(
                     argv, env=env, cwd=REPO_ROOT, stdin=subprocess.DEVNULL,
@@ -396,6 +401,20 @@ class Agent:
                 raise ValueError(f"node {node} has no podCIDR")
             self.pod_cidrs[node] = cidr
         return self.pod_cidrs[node]
+
+    def service_account(self, pod: client.V1Pod) -> Path | None:
+        """The pod's projected ServiceAccount files (None when it opts out of automounting)."""
+        assert self.podnet is not None
+        if pod.spec.automount_service_account_token is False:
+            return None
+        meta = pod.metadata
+        req = self.core.create_namespaced_service_account_token(
+            pod.spec.service_account_name or "default", meta.namespace,
+            {"spec": {"expirationSeconds": TOKEN_SECONDS,
+                      "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": meta.name, "uid": meta.uid}}},
+        )
+        ca = Path(self.api.configuration.ssl_ca_cert).read_bytes()
+        return self.podnet.project_service_account(meta.uid, meta.namespace, req.status.token, ca)
 
     def release(self, uid: str) -> None:
         """Delete the pod's network namespace once nothing runs in it (no-op without podnet)."""
@@ -526,6 +545,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="run each process in a network namespace of its pod's own (CNI plugins here)")
     ap.add_argument("--podnet-dns", default="", help="the cluster DNS address for the pods' resolv.conf")
     ap.add_argument("--podnet-prefix", default="", help="prefix of the pods' network namespace names")
+    ap.add_argument("--podnet-kubernetes", default="", help="host:port of the `kubernetes` Service, for pods")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stdout,
                         format="%(asctime)s %(levelname)s %(message)s")
@@ -546,7 +566,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.podnet_cni_bin:
         podnet = PodNetwork(Path(args.podnet_cni_bin), cache / "podnet", args.podnet_prefix,
                             args.podnet_dns)
-    agent = Agent(api, cache, podnet)
+    agent = Agent(api, cache, podnet, args.podnet_kubernetes)
 
     def on_signal(signum, _frame):
         log.info("signal %d: stopping all processes", signum)

@@ -11,6 +11,12 @@ kwok has already chosen the pod's address (``status.podIP``, from its node's pod
 API server has already published it in EndpointSlices; the agent asks host-local for exactly
 that address (``CNI_ARGS IP=``) so the address in the API is the one the process has.
 
+Like a kubelet, the agent also projects the pod's ServiceAccount token (a TokenRequest bound
+to the pod) with the cluster CA and the namespace into
+``/var/run/secrets/kubernetes.io/serviceaccount`` (a bind mount in the process's mount
+namespace) and sets ``KUBERNETES_SERVICE_HOST``/``_PORT``, so in-cluster clients work; the
+token lives 2 h and is not refreshed (test jobs run minutes).
+
 All of this happens inside the cluster's own network namespace (tests/cluster/up), where the
 agent runs: the bridge and the host ends of the veths live there, and nothing is created in
 the machine's namespace.
@@ -29,6 +35,8 @@ from pathlib import Path
 BRIDGE = "rljob0"  # one per cluster network namespace, so the name never collides
 CNI_VERSION = "1.0.0"
 ETC_NETNS = Path("/etc/netns")
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+TOKEN_SECONDS = 7200
 
 
 def gateway_of(pod_cidr: str) -> str:
@@ -71,9 +79,14 @@ def netns_name(prefix: str, uid: str) -> str:
     return f"{prefix}-p-{uid.replace('-', '')[:12]}"
 
 
-def wrap(argv: list[str], netns: str) -> list[str]:
-    """argv run in the pod's network namespace, with /etc/netns/<netns>/ mounted over /etc/."""
-    return ["ip", "netns", "exec", netns, *argv]
+def wrap(argv: list[str], netns: str, service_account: Path | None = None) -> list[str]:
+    """argv run in the pod's network namespace, with /etc/netns/<netns>/ mounted over /etc/ and
+    the projected ServiceAccount files over SERVICE_ACCOUNT_DIR (in the mount namespace that
+    `ip netns exec` makes for it; the shell execs argv, so the pid stays the process's)."""
+    if service_account is None:
+        return ["ip", "netns", "exec", netns, *argv]
+    mount = f'mount --bind "$0" {SERVICE_ACCOUNT_DIR} && exec "$@"'
+    return ["ip", "netns", "exec", netns, "sh", "-c", mount, str(service_account), *argv]
 
 
 class CNIError(RuntimeError):
@@ -134,8 +147,19 @@ class PodNetwork:
         (etc / "resolv.conf").write_text(resolv_conf(namespace, self.dns_ip, self.domain))
         return name
 
+    def project_service_account(self, uid: str, namespace: str, token: str, ca: bytes) -> Path:
+        """The files a kubelet projects for the pod's ServiceAccount; returns their directory."""
+        d = self.state / "serviceaccount" / uid
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "token").write_text(token)
+        (d / "ca.crt").write_bytes(ca)
+        (d / "namespace").write_text(namespace)
+        SERVICE_ACCOUNT_DIR.mkdir(parents=True, exist_ok=True)  # the mount point, empty outside pods
+        return d
+
     def teardown(self, uid: str) -> None:
         """Release the address and delete the namespace (its veth goes with it)."""
+        shutil.rmtree(self.state / "serviceaccount" / uid, ignore_errors=True)
         path = self._conf_path(uid)
         try:
             saved = json.loads(path.read_text())

@@ -214,3 +214,40 @@ def test_cluster_namespace_has_no_route_off_the_machine(podnet_cluster, web):
         net = ipaddress.ip_network(r["dst"], strict=False)
         assert not any(net.version == n.version and net.overlaps(n) for n in cidrs), r
     assert "rljob0" not in {link["ifname"] for link in host("link", "show")}
+
+
+# In-cluster config, as a pod's client library does it: KUBERNETES_SERVICE_HOST/PORT and the
+# projected token and CA under /var/run/secrets/kubernetes.io/serviceaccount.
+WHOAMI = textwrap.dedent("""
+    import json, os, socket
+    from kubernetes import client, config
+    config.load_incluster_config()
+    review = client.AuthenticationV1Api().create_self_subject_review(
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"})
+    info = review.status.user_info
+    print("RESULT " + json.dumps({"user": info.username, "extra": info.extra,
+                                  "host": os.environ["KUBERNETES_SERVICE_HOST"],
+                                  "dns": socket.gethostbyname("kubernetes.default")}), flush=True)
+""")
+
+
+def test_pod_reaches_the_api_server_as_its_service_account(podnet_cluster, web):
+    ns, _server = web
+    c = podnet_cluster
+    kubernetes_ip = kget(c, "default", "service", "kubernetes")["spec"]["clusterIP"]
+    c.kubectl(
+        "-n", ns, "apply", "-f", "-", input=json.dumps(process_pod("whoami", [sys.executable, "-c", WHOAMI]))
+    )
+    pod = c.wait_for(
+        lambda: (p := kget(c, ns, "pod", "whoami"))["status"].get("phase") in ("Succeeded", "Failed") and p,
+        timeout=90,
+        what="whoami pod finished",
+    )
+    log = (c.cache / "logs" / f"{ns}_whoami.log").read_text()
+    assert pod["status"]["phase"] == "Succeeded", log
+    result = json.loads(
+        next(line for line in log.splitlines() if line.startswith("RESULT "))[len("RESULT ") :]
+    )
+    assert result["user"] == f"system:serviceaccount:{ns}:default"
+    assert result["extra"]["authentication.kubernetes.io/pod-name"] == ["whoami"]  # bound to this pod
+    assert result["host"] == result["dns"] == kubernetes_ip
