@@ -3,7 +3,7 @@
 A kubelet asks its CNI plugins for a pod's network before it starts the pod's containers;
 the agent does the same for a process pod: a named network namespace of its own, the CNI
 ``loopback`` plugin for its ``lo``, the CNI ``bridge`` plugin (with ``host-local`` IPAM) for an
-``eth0`` veth to the cluster's bridge, and an ``/etc/netns/<ns>/resolv.conf`` that ``ip netns
+``eth0`` veth to its node's bridge in the cluster's namespace, and an ``/etc/netns/<ns>/resolv.conf`` that ``ip netns
 exec`` bind-mounts over ``/etc/resolv.conf`` in the process's own mount namespace (so the
 process resolves Service names through the cluster's CoreDNS without knowing it).
 
@@ -18,7 +18,7 @@ namespace) and sets ``KUBERNETES_SERVICE_HOST``/``_PORT``, so in-cluster clients
 token lives 2 h and is not refreshed (test jobs run minutes).
 
 All of this happens inside the cluster's own network namespace (tests/cluster/up), where the
-agent runs: the bridge and the host ends of the veths live there, and nothing is created in
+agent runs: the bridges and the host ends of the veths live there, and nothing is created in
 the machine's namespace.
 """
 
@@ -32,7 +32,15 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-BRIDGE = "rljob0"  # one per cluster network namespace, so the name never collides
+BRIDGE_PREFIX = "rljob-"
+
+
+def bridge_name(node: str) -> str:
+    """One bridge per node (the bridge plugin keeps one IPv4 gateway address per bridge); the
+    cluster's namespace routes between them, as between nodes. Unique within that namespace."""
+    return (BRIDGE_PREFIX + node)[:15]  # IFNAMSIZ
+
+
 CNI_VERSION = "1.0.0"
 ETC_NETNS = Path("/etc/netns")
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -46,13 +54,13 @@ def gateway_of(pod_cidr: str) -> str:
     return str(net.broadcast_address - 1)
 
 
-def bridge_config(network: str, pod_cidr: str, ipam_dir: Path) -> dict:
-    """CNI network configuration of one node: its pod CIDR on the shared bridge."""
+def bridge_config(node: str, pod_cidr: str, ipam_dir: Path) -> dict:
+    """CNI network configuration of one node: its pod CIDR on its bridge."""
     return {
         "cniVersion": CNI_VERSION,
-        "name": network,
+        "name": f"rljob-{node}",
         "type": "bridge",
-        "bridge": BRIDGE,
+        "bridge": bridge_name(node),
         "isGateway": True,
         "ipMasq": False,
         "hairpinMode": True,
@@ -132,11 +140,11 @@ class PodNetwork:
         return self.state / "pods" / f"{uid}.json"
 
     def setup(self, uid: str, namespace: str, pod_ip: str, pod_cidr: str, node: str) -> str:
-        """The pod's network namespace, wired to the bridge with pod_ip; returns its name."""
+        """The pod's network namespace, wired to its node's bridge with pod_ip; returns its name."""
         name = netns_name(self.prefix, uid)
         if not Path(f"/run/netns/{name}").exists():
             subprocess.run(["ip", "netns", "add", name], check=True, capture_output=True, timeout=30)
-        conf = bridge_config(f"rljob-{node}", pod_cidr, self.state / "ipam")
+        conf = bridge_config(node, pod_cidr, self.state / "ipam")
         path = self._conf_path(uid)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"netns": name, "conf": conf}))

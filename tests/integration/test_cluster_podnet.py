@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.cluster.fixtures import Cluster, env_value, inside_netns
+from tests.cluster.podnet import BRIDGE_PREFIX
 
 pytestmark = pytest.mark.cluster
 
@@ -28,8 +29,8 @@ PID = "testcluster.rljob.io/pid"
 
 
 def ip_json(cluster: Cluster, *args: str) -> list[dict]:
-    """`ip -j ARGS` in the cluster's network namespace."""
-    argv = cluster.in_netns(["ip", "-j", *args])
+    """`ip -j -d ARGS` in the cluster's network namespace."""
+    argv = cluster.in_netns(["ip", "-j", "-d", *args])
     return json.loads(subprocess.run(argv, check=True, capture_output=True, text=True).stdout or "[]")
 
 
@@ -177,15 +178,16 @@ def test_pod_reaches_a_service_by_dns_name_through_kube_proxy(podnet_cluster, we
 def test_cluster_namespace_has_no_route_off_the_machine(podnet_cluster, web):
     c = podnet_cluster
     routes = ip_json(c, "route", "show", "table", "all")
+    assert routes, "no routes listed"
     assert not [r for r in routes if r.get("dst") == "default"], routes
     links = ip_json(c, "link", "show")
-    names = {link["ifname"] for link in links}
-    assert "lo" in names and "rljob0" in names, names
+    bridges = {link["ifname"] for link in links if link.get("linkinfo", {}).get("info_kind") == "bridge"}
+    assert bridges and all(b.startswith(BRIDGE_PREFIX) for b in bridges), bridges
     for link in links:
-        if link["ifname"] in ("lo", "rljob0"):
+        if link["ifname"] == "lo" or link["ifname"] in bridges:
             continue
-        # Only the host ends of the pods' veths, each enslaved to the bridge.
-        assert link.get("link_type") == "ether" and link.get("master") == "rljob0", link
+        # Only the host ends of the pods' veths, each a port of a node's bridge.
+        assert link.get("linkinfo", {}).get("info_kind") == "veth" and link.get("master") in bridges, link
     # Every address is loopback, the DNS address, or a gateway in a node's pod CIDR.
     cidrs = [ipaddress.ip_network(n["spec"]["podCIDR"]) for n in kget(c, "default", "nodes")["items"]]
     dns = ipaddress.ip_address(env_value(c.cache, "RLJOB_TESTCLUSTER_DNS") or "")
@@ -213,7 +215,7 @@ def test_cluster_namespace_has_no_route_off_the_machine(podnet_cluster, web):
             continue
         net = ipaddress.ip_network(r["dst"], strict=False)
         assert not any(net.version == n.version and net.overlaps(n) for n in cidrs), r
-    assert "rljob0" not in {link["ifname"] for link in host("link", "show")}
+    assert not [link for link in host("link", "show") if link["ifname"].startswith(BRIDGE_PREFIX)]
 
 
 # In-cluster config, as a pod's client library does it: KUBERNETES_SERVICE_HOST/PORT and the
