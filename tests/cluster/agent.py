@@ -298,10 +298,10 @@ class Agent:
             if not argv:
                 raise ValueError("container has neither command nor args")
             if self.podnet is not None:
-                node = pod.spec.node_name
+                node, hostname = pod.spec.node_name, pod.spec.hostname or meta.name
                 netns = self.podnet.setup(meta.uid, meta.namespace, pod.status.pod_ip,
-                                          self.pod_cidr(node), node)
-                argv = wrap(argv, netns, self.service_account(pod))
+                                          self.pod_cidr(node), node, hostname, pod.spec.subdomain or "")
+                argv = wrap(argv, netns, hostname, self.service_account(pod))
             with open(log_path, "ab") as logf:  # the child keeps its own copy of the fd
                 popen = subprocess.Popen(
                     argv, env=env, cwd=REPO_ROOT, stdin=subprocess.DEVNULL,

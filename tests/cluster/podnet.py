@@ -83,18 +83,29 @@ def resolv_conf(namespace: str, dns_ip: str, domain: str) -> str:
     return f"nameserver {dns_ip}\nsearch {search}\noptions ndots:5\n"
 
 
+def hosts_file(pod_ip: str, hostname: str, subdomain: str, namespace: str, domain: str) -> str:
+    """What a kubelet writes to a pod's /etc/hosts: its own name on its own address (libraries
+    that pick their address from the hostname, like gloo, then pick the pod's)."""
+    names = f"{hostname}.{subdomain}.{namespace}.svc.{domain}\t{hostname}" if subdomain else hostname
+    return f"# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n{pod_ip}\t{names}\n"
+
+
 def netns_name(prefix: str, uid: str) -> str:
     return f"{prefix}-p-{uid.replace('-', '')[:12]}"
 
 
-def wrap(argv: list[str], netns: str, service_account: Path | None = None) -> list[str]:
-    """argv run in the pod's network namespace, with /etc/netns/<netns>/ mounted over /etc/ and
-    the projected ServiceAccount files over SERVICE_ACCOUNT_DIR (in the mount namespace that
-    `ip netns exec` makes for it; the shell execs argv, so the pid stays the process's)."""
-    if service_account is None:
-        return ["ip", "netns", "exec", netns, *argv]
-    mount = f'mount --bind "$0" {SERVICE_ACCOUNT_DIR} && exec "$@"'
-    return ["ip", "netns", "exec", netns, "sh", "-c", mount, str(service_account), *argv]
+def wrap(argv: list[str], netns: str, hostname: str, service_account: Path | None = None) -> list[str]:
+    """argv run in the pod's network namespace, with /etc/netns/<netns>/ (resolv.conf, hosts)
+    mounted over /etc/ and the projected ServiceAccount files over SERVICE_ACCOUNT_DIR, in the
+    mount namespace that `ip netns exec` makes for it, and in a UTS namespace of its own with
+    the pod's hostname. The shell execs argv, so the pid stays the process's."""
+    script = (
+        'hostname "$0" && { [ -z "$1" ] || mount --bind "$1" '
+        + str(SERVICE_ACCOUNT_DIR)
+        + '; } && shift && exec "$@"'
+    )
+    sa = str(service_account) if service_account is not None else ""
+    return ["ip", "netns", "exec", netns, "unshare", "--uts", "sh", "-c", script, hostname, sa, *argv]
 
 
 class CNIError(RuntimeError):
@@ -139,7 +150,16 @@ class PodNetwork:
     def _conf_path(self, uid: str) -> Path:
         return self.state / "pods" / f"{uid}.json"
 
-    def setup(self, uid: str, namespace: str, pod_ip: str, pod_cidr: str, node: str) -> str:
+    def setup(
+        self,
+        uid: str,
+        namespace: str,
+        pod_ip: str,
+        pod_cidr: str,
+        node: str,
+        hostname: str,
+        subdomain: str = "",
+    ) -> str:
         """The pod's network namespace, wired to its node's bridge with pod_ip; returns its name."""
         name = netns_name(self.prefix, uid)
         if not Path(f"/run/netns/{name}").exists():
@@ -153,6 +173,7 @@ class PodNetwork:
         etc = ETC_NETNS / name
         etc.mkdir(parents=True, exist_ok=True)
         (etc / "resolv.conf").write_text(resolv_conf(namespace, self.dns_ip, self.domain))
+        (etc / "hosts").write_text(hosts_file(pod_ip, hostname, subdomain, namespace, self.domain))
         return name
 
     def project_service_account(self, uid: str, namespace: str, token: str, ca: bytes) -> Path:

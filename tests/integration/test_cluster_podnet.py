@@ -68,7 +68,9 @@ CLIENT = textwrap.dedent("""
     s.close()
     print("RESULT " + json.dumps({"resolved": ip, "body": body, "local": local,
                                   "resolv": open("/etc/resolv.conf").read(),
-                                  "netns": os.readlink("/proc/self/ns/net")}), flush=True)
+                                  "netns": os.readlink("/proc/self/ns/net"),
+                                  "hostname": socket.gethostname(),
+                                  "self": socket.gethostbyname(socket.gethostname())}), flush=True)
 """)
 SERVER = textwrap.dedent("""
     import http.server, os
@@ -168,6 +170,7 @@ def test_pod_reaches_a_service_by_dns_name_through_kube_proxy(podnet_cluster, we
     assert result["resolved"] == svc["spec"]["clusterIP"]  # CoreDNS answered with the ClusterIP
     assert result["body"] == f"hello from {server['status']['podIP']}"  # kube-proxy sent it to web
     assert result["local"] == pod["status"]["podIP"]  # the client speaks from its own pod address
+    assert result["hostname"] == "client" and result["self"] == pod["status"]["podIP"]  # /etc/hosts, UTS
     dns = env_value(c.cache, "RLJOB_TESTCLUSTER_DNS")
     assert f"nameserver {dns}" in result["resolv"]
     assert f"search {ns}.svc.cluster.local" in result["resolv"]
