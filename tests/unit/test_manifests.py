@@ -477,3 +477,12 @@ def test_executor_pods_carry_the_users_pod_metadata_but_not_over_operator_labels
     env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
     plain_env = {e["name"]: e.get("value") for e in plain["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["RLJOB_EXECUTOR_SPEC"] == plain_env["RLJOB_EXECUTOR_SPEC"]
+
+
+def test_executor_runs_as_the_trainers_service_account_unless_told_otherwise() -> None:
+    j = job("cpu-process")
+    j["spec"]["trainer"]["serviceAccountName"] = "team-trainer"
+    assert executor_deployment(j, URL)["spec"]["template"]["spec"]["serviceAccountName"] == "team-trainer"
+    explicit = executor_deployment(j, URL, service_account_name="rljob-executor")
+    assert explicit["spec"]["template"]["spec"]["serviceAccountName"] == "rljob-executor"
+    assert "serviceAccountName" not in executor_deployment(job("cpu-process"), URL)["spec"]["template"]["spec"]

@@ -128,6 +128,9 @@ def executor_deployment(
     }
     if vols:
         pod_spec["volumes"] = vols
+    # The executor calls the controller API (engine discovery) as the trainer does: by default it
+    # runs as the trainer's ServiceAccount, so the one RoleBinding the README asks for covers both.
+    service_account_name = service_account_name or view.spec.trainer.service_account_name
     if service_account_name:
         pod_spec["serviceAccountName"] = service_account_name
     meta = view.spec.rollout.pod_metadata
