@@ -116,10 +116,25 @@ def web(podnet_cluster: Cluster) -> Iterator[tuple[str, dict]]:
         timeout=60,
         what="web started by the agent",
     )
+    # kube-proxy programs a new Service asynchronously: until then a pod's packet to the
+    # ClusterIP finds no route in the cluster's namespace ("network unreachable").
+    cluster_ip = kget(c, ns, "service", "web")["spec"]["clusterIP"]
+    c.wait_for(
+        lambda: service_programmed(c, cluster_ip, pod["status"]["podIP"]),
+        timeout=60,
+        what="kube-proxy's nftables rules for Service web",
+    )
     try:
         yield ns, pod
     finally:
         c.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+def service_programmed(c: Cluster, cluster_ip: str, endpoint_ip: str) -> bool:
+    """Whether kube-proxy's nftables table names the ClusterIP and the endpoint behind it."""
+    argv = c.in_netns(["nft", "list", "table", "ip", "kube-proxy"])
+    rules = subprocess.run(argv, capture_output=True, text=True).stdout
+    return cluster_ip in rules and endpoint_ip in rules
 
 
 def test_endpointslice_carries_the_pods_own_address(podnet_cluster, web):
