@@ -456,6 +456,7 @@ class RolloutSpec(ApiModel):
 
     image: str = Field(default="ghcr.io/rljob/rollout-executor:0.1.0", min_length=1, max_length=MAX_IMAGE, description="RolloutExecutor image.")
     resources: Resources = Field(default_factory=Resources, description="Executor container resources.")
+    pod_metadata: PodMetadata = Field(default_factory=PodMetadata, description="Extra labels/annotations on executor pods.")
     dataset: DatasetSpec = Field(description="Prompts to sample from.")
     sampling: SamplingSpec = Field(default_factory=SamplingSpec, description="Samples per prompt, length and temperature.")
     reward: RewardSpec = Field(default_factory=RewardSpec, description="Reward function.")

@@ -24,6 +24,11 @@ e.g. kwok's pod-fail stage) the process group gets SIGTERM, then SIGKILL after
 min(10 s, grace period); a pod being deleted is then deleted with grace 0 (kwok's fallback
 deletes it at its deletionTimestamp only).
 
+Pod networking (``--podnet-cni-bin``, given by ``up`` under ``RLJOB_TESTCLUSTER_PODNET=1``):
+the agent runs inside the cluster's own network namespace and starts each process in a network
+namespace of the pod's own, wired by the CNI plugins with the pod's podIP, and with a
+resolv.conf naming the cluster DNS (podnet.py); the namespace is deleted when the process ends.
+
 Restarts: SIGTERM/SIGINT to the agent stops all its processes (this is what
 ``tests/cluster/down`` does). If the agent dies otherwise, its processes keep running; a new
 agent adopts a pod's process when the annotated pid is still alive and carries the pod's uid
@@ -52,6 +57,7 @@ from pathlib import Path
 
 from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
+from podnet import TOKEN_SECONDS, PodNetwork, wrap  # tests/cluster/podnet.py (this script's directory)
 
 LABEL = "testcluster.rljob.io/run"
 LABEL_SELECTOR = f"{LABEL}=process"
@@ -152,8 +158,12 @@ def _pid_is_pod(pid: int, uid: str) -> bool:
 
 
 class Agent:
-    def __init__(self, api: client.ApiClient, cache: Path):
+    def __init__(self, api: client.ApiClient, cache: Path, podnet: PodNetwork | None = None,
+                 kubernetes_service: str = ""):
         self.api = api
+        self.podnet = podnet
+        self.kubernetes_service = kubernetes_service  # host:port of the `kubernetes` Service
+        self.pod_cidrs: dict[str, str] = {}  # node -> podCIDR
         self.core = client.CoreV1Api(api)
         self.cache = cache
         self.logs = cache / "logs"
@@ -195,6 +205,7 @@ class Agent:
             for p in obj:
                 self.handle_pod(p)
             self.done &= seen
+            self.release_orphans()
             return
         if kind == "DELETED":
             if obj.metadata.uid in self.procs:
@@ -268,6 +279,9 @@ class Agent:
         venv_bin = str(Path(sys.executable).parent)
         if env.get("PATH", "").split(":")[0] != venv_bin:
             env["PATH"] = f"{venv_bin}:{env.get('PATH', '')}"
+        if self.podnet is not None and self.kubernetes_service:
+            host, _, port = self.kubernetes_service.rpartition(":")
+            env.update({"KUBERNETES_SERVICE_HOST": host, "KUBERNETES_SERVICE_PORT": port})
         env.update(defined)
         env[MARKER_ENV] = pod.metadata.uid
         return env
@@ -283,6 +297,11 @@ class Agent:
             argv = [expand(a, container_env) for a in (c.command or []) + (c.args or [])]
             if not argv:
                 raise ValueError("container has neither command nor args")
+            if self.podnet is not None:
+                node, hostname = pod.spec.node_name, pod.spec.hostname or meta.name
+                netns = self.podnet.setup(meta.uid, meta.namespace, pod.status.pod_ip,
+                                          self.pod_cidr(node), node, hostname, pod.spec.subdomain or "")
+                argv = wrap(argv, netns, hostname, self.service_account(pod))
             with open(log_path, "ab") as logf:  # the child keeps its own copy of the fd
                 popen = subprocess.Popen(
                     argv, env=env, cwd=REPO_ROOT, stdin=subprocess.DEVNULL,
@@ -292,6 +311,7 @@ class Agent:
             log.warning("%s/%s: cannot start: %s", meta.namespace, meta.name, exc)
             with open(log_path, "a") as f:
                 f.write(f"[testcluster-agent] cannot start: {exc}\n")
+            self.release(meta.uid)
             self.done.add(meta.uid)
             self.report_exit(meta.namespace, meta.name, meta.uid, c.name, c.image, 128, started,
                              "StartError", str(exc)[:1000], phase="Failed")
@@ -324,6 +344,7 @@ class Agent:
             log.info("%s/%s: adopted pid %d", meta.namespace, meta.name, pid)
             return
         log.info("%s/%s: pid %d is gone; marking Failed", meta.namespace, meta.name, pid)
+        self.release(meta.uid)
         self.done.add(meta.uid)
         self.report_exit(meta.namespace, meta.name, meta.uid, c.name, c.image, 255, started,
                          "ProcessExited", "process ended while the agent was not running "
@@ -357,6 +378,7 @@ class Agent:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
             del self.procs[uid]
+            self.release(uid)
             self.done.add(uid)
             log.info("%s/%s: pid %d exited with %d (%s)", proc.namespace, proc.name, proc.pid, rc,
                      proc.stop_reason or "by itself")
@@ -369,6 +391,47 @@ class Agent:
                     "Completed" if ok else "ProcessExited", self._tail(proc.log_path),
                     phase="Succeeded" if ok else "Failed",
                 )
+
+    # -- pod networks ---------------------------------------------------------------------
+    def pod_cidr(self, node: str) -> str:
+        if node not in self.pod_cidrs:
+            spec = self.core.read_node(node).spec
+            cidr = spec.pod_cidr or (spec.pod_cid_rs or [None])[0]
+            if not cidr:
+                raise ValueError(f"node {node} has no podCIDR")
+            self.pod_cidrs[node] = cidr
+        return self.pod_cidrs[node]
+
+    def service_account(self, pod: client.V1Pod) -> Path | None:
+        """The pod's projected ServiceAccount files (None when it opts out of automounting)."""
+        assert self.podnet is not None
+        if pod.spec.automount_service_account_token is False:
+            return None
+        meta = pod.metadata
+        req = self.core.create_namespaced_service_account_token(
+            pod.spec.service_account_name or "default", meta.namespace,
+            {"spec": {"expirationSeconds": TOKEN_SECONDS,
+                      "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": meta.name, "uid": meta.uid}}},
+        )
+        ca = Path(self.api.configuration.ssl_ca_cert).read_bytes()
+        return self.podnet.project_service_account(meta.uid, meta.namespace, req.status.token, ca)
+
+    def release(self, uid: str) -> None:
+        """Delete the pod's network namespace once nothing runs in it (no-op without podnet)."""
+        if self.podnet is None:
+            return
+        try:
+            self.podnet.teardown(uid)
+        except Exception as exc:  # the namespace is deleted regardless; the address may leak
+            log.warning("pod %s: network teardown: %s", uid, exc)
+
+    def release_orphans(self) -> None:
+        """Networks of pods whose process ended while no agent was running."""
+        if self.podnet is None:
+            return
+        for path in (self.podnet.state / "pods").glob("*.json"):
+            if path.stem not in self.procs:
+                self.release(path.stem)
 
     @staticmethod
     def _tail(path: Path, limit: int = 1500) -> str:
@@ -462,11 +525,14 @@ class Agent:
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.killpg(proc.pid, signal.SIGKILL)
                     del self.procs[uid]
+                    self.release(uid)
                 elif proc.kill_at is not None and time.monotonic() >= proc.kill_at:
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.killpg(proc.pid, signal.SIGKILL)
                     proc.kill_at = None
             time.sleep(0.1)
+        if self.podnet is not None and not self.procs:  # a process left alive keeps its network
+            self.podnet.teardown_all()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -475,6 +541,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache", default=default_cache)
     ap.add_argument("--kubeconfig", default=None)
     ap.add_argument("--ready-file", default=None)
+    ap.add_argument("--podnet-cni-bin", default=None,
+                    help="run each process in a network namespace of its pod's own (CNI plugins here)")
+    ap.add_argument("--podnet-dns", default="", help="the cluster DNS address for the pods' resolv.conf")
+    ap.add_argument("--podnet-prefix", default="", help="prefix of the pods' network namespace names")
+    ap.add_argument("--podnet-kubernetes", default="", help="host:port of the `kubernetes` Service, for pods")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stdout,
                         format="%(asctime)s %(levelname)s %(message)s")
@@ -491,7 +562,11 @@ def main(argv: list[str] | None = None) -> int:
         os.setsid()
     kubeconfig = args.kubeconfig or str(cache / "kubeconfig")
     api = config.new_client_from_config(config_file=kubeconfig)
-    agent = Agent(api, cache)
+    podnet = None
+    if args.podnet_cni_bin:
+        podnet = PodNetwork(Path(args.podnet_cni_bin), cache / "podnet", args.podnet_prefix,
+                            args.podnet_dns)
+    agent = Agent(api, cache, podnet, args.podnet_kubernetes)
 
     def on_signal(signum, _frame):
         log.info("signal %d: stopping all processes", signum)

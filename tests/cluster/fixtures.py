@@ -7,8 +7,13 @@ Fixtures:
              timeouts). If the binaries cannot be built (no Go toolchain, build error) the
              tests skip with the reason; under CI=true they fail instead.
   namespace  (function) a fresh namespace with its default ServiceAccount, deleted afterwards.
+  podnet_cluster  (session) a `Cluster` with real pod networking (RLJOB_TESTCLUSTER_PODNET=1):
+             the session's cluster when that one has it, else a second cluster of its own
+             (name <name>-pn, cache <cache>/podnet sharing the built binaries), brought up once
+             and deleted at the end of the session. Its API server listens on 127.0.0.1 of
+             the cluster's network namespace, so `.kubectl` runs kubectl there (ip netns exec).
 
-Tests that use `cluster` get the `cluster` marker automatically.
+Tests that use `cluster` or `podnet_cluster` get the `cluster` marker automatically.
 """
 
 from __future__ import annotations
@@ -69,6 +74,13 @@ class Cluster:
     bin_dir: Path
     cache: Path
     name: str = os.environ.get("RLJOB_TESTCLUSTER_NAME", "rljob-test")
+    netns: str | None = None  # the cluster's network namespace (pod networking), else None
+
+    def in_netns(self, argv: list[str]) -> list[str]:
+        """argv run where the cluster's addresses exist (as is when this process is there)."""
+        if self.netns is None or inside_netns(self.netns):
+            return argv
+        return ["ip", "netns", "exec", self.netns, *argv]
 
     @property
     def component_dir(self) -> Path:
@@ -95,12 +107,12 @@ class Cluster:
     def kubectl(self, *args: str, check: bool = True, input: str | None = None,
                 timeout: float = 120) -> subprocess.CompletedProcess:
         argv = [str(self.bin_dir / "kubectl"), "--kubeconfig", str(self.kubeconfig), *args]
-        return self._run(argv, check, input, timeout)
+        return self._run(self.in_netns(argv), check, input, timeout)
 
     def helm(self, *args: str, check: bool = True, input: str | None = None,
              timeout: float = 300) -> subprocess.CompletedProcess:
         argv = [str(self.bin_dir / "helm"), "--kubeconfig", str(self.kubeconfig), *args]
-        return self._run(argv, check, input, timeout)
+        return self._run(self.in_netns(argv), check, input, timeout)
 
     def up(self) -> subprocess.CompletedProcess:
         """Run tests/cluster/up for this cluster (idempotent: restarts a dead agent)."""
@@ -116,6 +128,9 @@ class Cluster:
     def api(self):
         from kubernetes import config
 
+        if self.in_netns([]):
+            raise RuntimeError(f"the API server listens in network namespace {self.netns}; run the "
+                               f"tests there (ip netns exec {self.netns} ...) or use .kubectl")
         return config.new_client_from_config(config_file=str(self.kubeconfig))
 
     wait_for = staticmethod(wait_for)
@@ -138,13 +153,42 @@ class Cluster:
                              what=f"pod {namespace}/{name} phase {phase}")
 
 
+def inside_netns(name: str) -> bool:
+    """Whether this process is in the named network namespace (/run/netns/<name>)."""
+    try:
+        return os.stat("/proc/self/ns/net").st_ino == os.stat(f"/run/netns/{name}").st_ino
+    except OSError:
+        return False
+
+
+def env_value(cache: Path, name: str) -> str | None:
+    """A variable `up` wrote to <cache>/env."""
+    try:
+        lines = (cache / "env").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        key, _, value = line.partition("=")
+        if key == name:
+            return value
+    return None
+
+
+def cluster_netns(cache: Path) -> str | None:
+    """The cluster's network namespace (pod networking), if it has one."""
+    return env_value(cache, "RLJOB_TESTCLUSTER_NETNS")
+
+
 def _cluster_alive(cache: Path, bin_dir: Path | None) -> bool:
     kcfg = cache / "kubeconfig"
     if bin_dir is None or not kcfg.is_file():
         return False
+    argv = [str(bin_dir / "kubectl"), "--kubeconfig", str(kcfg), "version", "--request-timeout=5s"]
+    netns = cluster_netns(cache)
+    if netns is not None and not inside_netns(netns):
+        argv = ["ip", "netns", "exec", netns, *argv]
     try:
-        res = subprocess.run([str(bin_dir / "kubectl"), "--kubeconfig", str(kcfg), "version",
-                              "--request-timeout=5s"], capture_output=True, timeout=15)
+        res = subprocess.run(argv, capture_output=True, timeout=15)
     except (OSError, subprocess.TimeoutExpired):
         return False
     return res.returncode == 0
@@ -174,7 +218,7 @@ def _ensure_cluster(config: pytest.Config) -> None:
     cache = cache_dir()
     bin_dir = _bin_dir()
     if bin_dir is not None and _cluster_alive(cache, bin_dir) and _agent_alive(cache):
-        _STATE["result"] = ("ok", Cluster(cache / "kubeconfig", bin_dir, cache))
+        _STATE["result"] = ("ok", Cluster(cache / "kubeconfig", bin_dir, cache, netns=cluster_netns(cache)))
         return
     tr = config.pluginmanager.get_plugin("terminalreporter")
     if bin_dir is None:
@@ -199,13 +243,38 @@ def _ensure_cluster(config: pytest.Config) -> None:
     if res.returncode != 0:
         _STATE["result"] = ("error", f"tests/cluster/up failed (exit {res.returncode}):\n{res.stderr[-3000:]}")
         return
-    _STATE["result"] = ("ok", Cluster(cache / "kubeconfig", bin_dir, cache))
+    _STATE["result"] = ("ok", Cluster(cache / "kubeconfig", bin_dir, cache, netns=cluster_netns(cache)))
+
+
+def _podnet_cluster() -> tuple[Cluster, bool]:
+    """(cluster with pod networking, whether this session started it)."""
+    main_cache, name = cache_dir(), os.environ.get("RLJOB_TESTCLUSTER_NAME", "rljob-test")
+    bin_dir = _bin_dir()
+    netns = cluster_netns(main_cache)
+    if netns is not None and bin_dir is not None and _cluster_alive(main_cache, bin_dir) and _agent_alive(main_cache):
+        return Cluster(main_cache / "kubeconfig", bin_dir, main_cache, name=name, netns=netns), False
+    cache = main_cache / "podnet"
+    cache.mkdir(parents=True, exist_ok=True)
+    for key_dir in main_cache.iterdir():  # the built binaries, shared: <cache>/<key>/bin
+        link = cache / key_dir.name
+        if (key_dir / "bin").is_dir() and not link.exists():
+            link.symlink_to(key_dir.resolve())
+    env = {**os.environ, "RLJOB_TESTCLUSTER_CACHE": str(cache), "RLJOB_TESTCLUSTER_PODNET": "1",
+           "RLJOB_TESTCLUSTER_NAME": f"{name}-pn"}
+    res = subprocess.run([str(HERE / "up")], capture_output=True, text=True, env=env, timeout=900)
+    if res.returncode != 0:
+        raise AssertionError(f"tests/cluster/up (RLJOB_TESTCLUSTER_PODNET=1) failed:\n{res.stderr[-3000:]}")
+    netns = cluster_netns(cache)
+    assert netns, f"{cache}/env names no network namespace"
+    pn_bin = env_value(cache, "RLJOB_TESTCLUSTER_BIN")
+    assert pn_bin, f"{cache}/env names no bin dir"
+    return Cluster(cache / "kubeconfig", Path(pn_bin), cache, name=f"{name}-pn", netns=netns), True
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if "cluster" in getattr(item, "fixturenames", ()):
+        if {"cluster", "podnet_cluster"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.cluster)
 
 
@@ -223,6 +292,17 @@ def cluster(pytestconfig: pytest.Config) -> Cluster:
     if kind == "skip" and not in_ci():
         pytest.skip(value)
     pytest.fail(value, pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def podnet_cluster() -> Iterator[Cluster]:
+    pn, started = _podnet_cluster()
+    try:
+        yield pn
+    finally:
+        if started and os.environ.get("RLJOB_KEEP_CLUSTER", "0") != "1":
+            env = {**os.environ, "RLJOB_TESTCLUSTER_CACHE": str(pn.cache), "RLJOB_TESTCLUSTER_NAME": pn.name}
+            subprocess.run([str(HERE / "down")], capture_output=True, env=env, timeout=120)
 
 
 def _ns_name(nodeid: str) -> str:

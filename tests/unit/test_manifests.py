@@ -463,3 +463,29 @@ def test_trainer_is_told_the_engine_pause_mode_and_offload_tags_only_when_coloca
     j["spec"]["trainer"]["colocate"] = False
     _, tj = trainer_workload(j, URL)
     assert env_of(container(tj["spec"]["template"]))["RLJOB_OFFLOAD_TAGS"] == ""
+
+
+def test_executor_pods_carry_the_users_pod_metadata_but_not_over_operator_labels() -> None:
+    j = job("cpu-process")
+    j["spec"]["rollout"]["podMetadata"] = {"labels": {"extra": "x", L.ROLE: "hijack"},
+                                           "annotations": {"example.com/team": "post-training"}}
+    dep = executor_deployment(j, "http://c")
+    meta = dep["spec"]["template"]["metadata"]
+    assert meta["labels"]["extra"] == "x"
+    assert meta["labels"][L.ROLE] == "rollout"
+    assert meta["annotations"]["example.com/team"] == "post-training"
+    assert meta["annotations"][L.JOB_NAME_ANNOTATION] == j["metadata"]["name"]
+    # Pod metadata is not part of what the executor acts on: changing it does not change its spec.
+    plain = executor_deployment(job("cpu-process"), "http://c")
+    env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+    plain_env = {e["name"]: e.get("value") for e in plain["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["RLJOB_EXECUTOR_SPEC"] == plain_env["RLJOB_EXECUTOR_SPEC"]
+
+
+def test_executor_runs_as_the_trainers_service_account_unless_told_otherwise() -> None:
+    j = job("cpu-process")
+    j["spec"]["trainer"]["serviceAccountName"] = "team-trainer"
+    assert executor_deployment(j, URL)["spec"]["template"]["spec"]["serviceAccountName"] == "team-trainer"
+    explicit = executor_deployment(j, URL, service_account_name="rljob-executor")
+    assert explicit["spec"]["template"]["spec"]["serviceAccountName"] == "rljob-executor"
+    assert "serviceAccountName" not in executor_deployment(job("cpu-process"), URL)["spec"]["template"]["spec"]

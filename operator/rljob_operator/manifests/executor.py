@@ -74,7 +74,8 @@ def executor_spec_json(view: JobView) -> str:
     """
     spec = view.spec.to_wire()
     inference = {k: v for k, v in spec["inference"].items() if k in ("engine", "router")}
-    part = {"model": spec["model"], "inference": inference, "rollout": spec["rollout"], "trainer": spec.get("trainer", {})}
+    rollout = {k: v for k, v in spec["rollout"].items() if k != "podMetadata"}  # the pod's, not the executor's
+    part = {"model": spec["model"], "inference": inference, "rollout": rollout, "trainer": spec.get("trainer", {})}
     return json.dumps(part, sort_keys=True, separators=(",", ":"))
 
 
@@ -132,9 +133,14 @@ def executor_deployment(
     }
     if vols:
         pod_spec["volumes"] = vols
+    # The executor calls the controller API (engine discovery) as the trainer does: by default it
+    # runs as the trainer's ServiceAccount, so the one RoleBinding the README asks for covers both.
+    service_account_name = service_account_name or view.spec.trainer.service_account_name
     if service_account_name:
         pod_spec["serviceAccountName"] = service_account_name
-    template_labels = {**L.job_labels(view.name, L.ROLE_ROLLOUT)}
+    meta = view.spec.rollout.pod_metadata
+    template_labels = {**meta.labels, **L.job_labels(view.name, L.ROLE_ROLLOUT)}
+    template_annotations = {**meta.annotations, L.JOB_NAME_ANNOTATION: view.name}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -144,7 +150,7 @@ def executor_deployment(
             "strategy": {"type": "Recreate"},
             "selector": {"matchLabels": selector},
             "template": {
-                "metadata": {"labels": template_labels, "annotations": {L.JOB_NAME_ANNOTATION: view.name}},
+                "metadata": {"labels": template_labels, "annotations": template_annotations},
                 "spec": pod_spec,
             },
         },
