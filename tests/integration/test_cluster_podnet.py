@@ -165,23 +165,24 @@ def test_endpointslice_carries_the_pods_own_address(podnet_cluster, web):
     assert [a["local"] for a in addrs[0]["addr_info"] if a["family"] == "inet"] == [pod_ip]
 
 
+def run_to_result(c, ns: str, name: str, code: str) -> tuple[dict, dict]:
+    """Run `code` as a process pod to completion: the pod, and the JSON it printed after `RESULT `."""
+    c.kubectl("-n", ns, "apply", "-f", "-", input=json.dumps(process_pod(name, [sys.executable, "-c", code])))
+    pod = c.wait_for(
+        lambda: (p := kget(c, ns, "pod", name))["status"].get("phase") in ("Succeeded", "Failed") and p,
+        timeout=90,
+        what=f"{name} pod finished",
+    )
+    log = (c.cache / "logs" / f"{ns}_{name}.log").read_text()
+    assert pod["status"]["phase"] == "Succeeded", log
+    return pod, json.loads(next(line for line in log.splitlines() if line.startswith("RESULT "))[len("RESULT ") :])
+
+
 def test_pod_reaches_a_service_by_dns_name_through_kube_proxy(podnet_cluster, web):
     ns, server = web
     c = podnet_cluster
     svc = kget(c, ns, "service", "web")
-    c.kubectl(
-        "-n", ns, "apply", "-f", "-", input=json.dumps(process_pod("client", [sys.executable, "-c", CLIENT]))
-    )
-    pod = c.wait_for(
-        lambda: (p := kget(c, ns, "pod", "client"))["status"].get("phase") in ("Succeeded", "Failed") and p,
-        timeout=90,
-        what="client pod finished",
-    )
-    log = (c.cache / "logs" / f"{ns}_client.log").read_text()
-    assert pod["status"]["phase"] == "Succeeded", log
-    result = json.loads(
-        next(line for line in log.splitlines() if line.startswith("RESULT "))[len("RESULT ") :]
-    )
+    pod, result = run_to_result(c, ns, "client", CLIENT)
     assert result["resolved"] == svc["spec"]["clusterIP"]  # CoreDNS answered with the ClusterIP
     assert result["body"] == f"hello from {server['status']['podIP']}"  # kube-proxy sent it to web
     assert result["local"] == pod["status"]["podIP"]  # the client speaks from its own pod address
@@ -255,19 +256,7 @@ def test_pod_reaches_the_api_server_as_its_service_account(podnet_cluster, web):
     ns, _server = web
     c = podnet_cluster
     kubernetes_ip = kget(c, "default", "service", "kubernetes")["spec"]["clusterIP"]
-    c.kubectl(
-        "-n", ns, "apply", "-f", "-", input=json.dumps(process_pod("whoami", [sys.executable, "-c", WHOAMI]))
-    )
-    pod = c.wait_for(
-        lambda: (p := kget(c, ns, "pod", "whoami"))["status"].get("phase") in ("Succeeded", "Failed") and p,
-        timeout=90,
-        what="whoami pod finished",
-    )
-    log = (c.cache / "logs" / f"{ns}_whoami.log").read_text()
-    assert pod["status"]["phase"] == "Succeeded", log
-    result = json.loads(
-        next(line for line in log.splitlines() if line.startswith("RESULT "))[len("RESULT ") :]
-    )
+    _pod, result = run_to_result(c, ns, "whoami", WHOAMI)
     assert result["user"] == f"system:serviceaccount:{ns}:default"
     assert result["extra"]["authentication.kubernetes.io/pod-name"] == ["whoami"]  # bound to this pod
     assert result["host"] == result["dns"] == kubernetes_ip
