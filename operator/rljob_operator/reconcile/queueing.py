@@ -183,7 +183,7 @@ async def ensure_workload(
     state = queue_state(queue, wl)
     if state.phase is QueuePhase.Evicted and state.has_admission and stopped:
         try:
-            await job.kube.patch_object_status(
+            released = await job.kube.patch_object_status(
                 KUEUE_API_VERSION,
                 WORKLOAD_KIND,
                 job.namespace,
@@ -197,6 +197,9 @@ async def ensure_workload(
             "QuotaReleased",
             f"engine pods gone after {state.reason}: admission of {name} cleared, queued again",
         )
+        # Report what this pass wrote (Pending), not the Evicted it read: the status written now
+        # would otherwise lag the Workload until the next pass.
+        state = queue_state(queue, released)
     if not state.admitted:
         return QueueSeen(state)
     return QueueSeen(state, await flavor_placements(job, state))
