@@ -2,7 +2,9 @@
 
 `rljob run --trainer-process` runs `python -m rljob_client.trainer` as a trainer pod runs it
 (HTTP controller API, Ray Client to the executor) and starts it again when it is killed, as
-Kubernetes replaces an evicted pod. The executor, engines and controller live on.
+Kubernetes replaces an evicted pod. The executor, engines and controller live on. The same run
+shows the pod trainer's path itself (windows opened over HTTP by `trainer-0`): a local run
+starts its own engine, too dear in CI's budget for a second run that only shows that.
 """
 
 from __future__ import annotations
@@ -23,11 +25,13 @@ import pytest
 import yaml
 from rollout_executor.dataset import PromptDataset
 
+from tests.integration.test_local_run import assert_no_process_left
+
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "tiny-cpu.yaml"
 RLJOB = [sys.executable, "-m", "rljob_cli.main"]
 RUN_TIMEOUT_S = 900
-STEPS, SAVE_EVERY, EVAL_EVERY = 8, 2, 4
+STEPS, SAVE_EVERY, EVAL_EVERY = 6, 2, 3
 
 pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM (CPU build) is not installed"),
@@ -98,8 +102,8 @@ def test_a_trainer_killed_with_sigkill_resumes_from_its_last_checkpoint(tmp_path
     assert summary["completed"] is True and summary["steps"] == STEPS
     assert summary["weight_versions"] == list(range(1, STEPS + 1)), "the curve is the resumed run's lineage"
     evals = summary["evals"]
-    assert [e["step"] for e in evals] == [4, 8] and not any(e["skipped"] for e in evals), evals
-    assert [e["weight_version"] for e in evals] == ["4", "8"]
+    assert [e["step"] for e in evals] == [3, 6] and not any(e["skipped"] for e in evals), evals
+    assert [e["weight_version"] for e in evals] == ["3", "6"]
     assert summary["status"]["lastEval"]["passAt1"] == pytest.approx(evals[-1]["pass_at_1"])
 
     # Prompts: every step of the lineage trained on the dataset's order, and a redone step got the
@@ -116,6 +120,13 @@ def test_a_trainer_killed_with_sigkill_resumes_from_its_last_checkpoint(tmp_path
         assert all(p == expected[step] for p in seen), (step, seen, expected[step])
     assert len(got[resumed]) == 2, "the step after the checkpoint was fetched by both trainers"
 
+    # The pod trainer's path: weights pushed by the trainer process, windows opened over HTTP.
+    assert "weights v2: pushing to 1 engines" in trainer_log
+    audit = [json.loads(line) for line in (out / "logs" / "inference_controller.jsonl").read_text().splitlines()]
+    assert any(r.get("type") == "weights_updated" and r.get("holder") == "trainer-0" for r in audit), \
+        "the windows were opened over HTTP by the trainer process"
+
     pids = json.loads((out / "pids.json").read_text())["processes"]
     assert len([r for r in pids if r["what"] == "trainer"]) == 2
     assert [r["what"] for r in pids if still_running(r)] == []
+    assert_no_process_left(out)
