@@ -53,7 +53,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ray_g.add_argument("--num-cpus", type=int, default=2)
     ray_g.add_argument("--object-store-bytes", type=int, default=500 * 1024 * 1024)
     ray_g.add_argument("--ray-temp-dir", help="Ray's temp dir (short path).")
-    p.add_argument("--data-host", default=None, help="Bind address of the shard side channel (default: the node IP).")
+    p.add_argument("--data-host", default=None, help="Bind address of the shard side channel (default: the node IP; all interfaces with --ray-address).")
     p.add_argument("--data-port", type=int, default=10002, help="Port of the shard side channel (0: any).")
     p.add_argument("--data-advertise-host", default=None, help="Host trainers use to reach the side channel.")
     p.add_argument("--state-dir", default=os.environ.get("RLJOB_EXECUTOR_STATE_DIR"), help="Where save/load keep the dataset position.")
@@ -83,6 +83,19 @@ def load_manifest(args: argparse.Namespace) -> RLJobManifest:
     if args.dataset:
         data.setdefault("spec", {}).setdefault("rollout", {}).setdefault("dataset", {})["path"] = args.dataset
     return RLJobManifest.model_validate(data)
+
+
+def default_data_host(args: argparse.Namespace) -> str:
+    """Bind address of the shard side channel when --data-host is not given.
+
+    The channel is served by the actor, and the actor runs where Ray places it. With a head of
+    our own that is this pod: its node IP. Joining a cluster (--ray-address, e.g. a KubeRay
+    RayCluster) it runs on one of that cluster's nodes, where this pod's IP is no local
+    address: bind every interface there, and the actor advertises its node's IP.
+    """
+    if args.ray_address:
+        return "0.0.0.0"
+    return "127.0.0.1" if args.node_ip in ("127.0.0.1", "localhost") else str(args.node_ip)
 
 
 def build_config(args: argparse.Namespace, manifest: RLJobManifest, data_host: str) -> ExecutorConfig:
@@ -120,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     manifest = load_manifest(args)
     node_ip = args.node_ip
-    data_host = args.data_host or ("127.0.0.1" if node_ip in ("127.0.0.1", "localhost") else node_ip)
+    data_host = args.data_host or default_data_host(args)
     try:
         config = build_config(args, manifest, data_host)
         check_config(config)

@@ -401,6 +401,27 @@ def test_schema_check_catches_a_broken_ray_cluster() -> None:
         jsonschema.validate(rc, kuberay_schema())
 
 
+def test_ray_cluster_pods_carry_the_rollout_pod_metadata_and_no_usage_stats() -> None:
+    """The rollout runs in the head pod, so the rollout's pod labels/annotations go there (the
+    real KubeRay copies the template's metadata onto the pods: tests/e2e/test_kuberay_rollout.py);
+    Ray's usage reporting is off like on every other Ray head the operator starts."""
+    j = job("multinode-vllm")
+    j["spec"]["rollout"]["podMetadata"] = {
+        "labels": {"team": "rl", L.JOB: "spoofed"},
+        "annotations": {"sidecar.istio.io/inject": "false"},
+    }
+    rc = ray_cluster(j)
+    assert rc is not None
+    groups = [rc["spec"]["headGroupSpec"], *rc["spec"]["workerGroupSpecs"]]
+    for group in groups:
+        meta = group["template"]["metadata"]
+        assert meta["labels"]["team"] == "rl"
+        assert meta["labels"][L.JOB] == "llama-70b"  # the job's own labels win over the user's
+        assert meta["annotations"] == {"sidecar.istio.io/inject": "false"}
+        assert group["rayStartParams"]["disable-usage-stats"] == "true"
+    assert groups[0]["template"]["metadata"] is not groups[1]["template"]["metadata"]
+
+
 def test_no_ray_cluster_unless_asked_for() -> None:
     assert ray_cluster(job("gpu-4x2")) is None
 
