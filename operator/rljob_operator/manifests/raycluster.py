@@ -12,6 +12,9 @@ Two choices the real KubeRay made visible:
 - the head and worker pods carry `spec.rollout.podMetadata`: with a RayCluster the executor's
   actor (the rollout itself) runs in the head pod, so labels and annotations meant for the
   rollout's pods (sidecar opt-outs, cost labels, the test cluster's process label) must reach it;
+- the pods run as the executor's ServiceAccount (the trainer's unless set otherwise), token
+  mounted: the actor reads the pod's token to call the controller API (engine discovery), so
+  in the head pod it must be the token the executor pod has, not the namespace's `default`;
 - `disable-usage-stats` in both groups' rayStartParams: KubeRay generates `ray start` from
   them, and Ray otherwise reports usage to an outside server by default; the executor's own
   head and the engines' Ray heads pass the same flag.
@@ -45,6 +48,17 @@ def _container(
     return c
 
 
+def _pod_spec(view: JobView, container: dict[str, Any]) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "automountServiceAccountToken": True,
+        "securityContext": restricted_pod(uid=None),
+        "containers": [container],
+    }
+    if view.spec.trainer.service_account_name:  # as executor_deployment's default
+        spec["serviceAccountName"] = view.spec.trainer.service_account_name
+    return spec
+
+
 def ray_cluster(job: dict[str, Any] | JobView) -> dict[str, Any] | None:
     """The RayCluster, or None when `spec.rollout.rayCluster` is not set."""
     view = JobView.of(job)
@@ -67,12 +81,9 @@ def ray_cluster(job: dict[str, Any] | JobView) -> dict[str, Any] | None:
             "rayStartParams": {"dashboard-host": "0.0.0.0", **NO_USAGE_STATS},
             "template": {
                 "metadata": copy.deepcopy(pod_meta),
-                "spec": {
-                    "securityContext": restricted_pod(uid=None),
-                    "containers": [
-                        _container("ray-head", rc.image, resources, head_ports, ray_auth_env(view))
-                    ],
-                },
+                "spec": _pod_spec(
+                    view, _container("ray-head", rc.image, resources, head_ports, ray_auth_env(view))
+                ),
             },
         },
     }
@@ -86,12 +97,9 @@ def ray_cluster(job: dict[str, Any] | JobView) -> dict[str, Any] | None:
                 "rayStartParams": dict(NO_USAGE_STATS),
                 "template": {
                     "metadata": copy.deepcopy(pod_meta),
-                    "spec": {
-                        "securityContext": restricted_pod(uid=None),
-                        "containers": [
-                            _container("ray-worker", rc.image, dict(resources), [], ray_auth_env(view))
-                        ],
-                    },
+                    "spec": _pod_spec(
+                        view, _container("ray-worker", rc.image, dict(resources), [], ray_auth_env(view))
+                    ),
                 },
             }
         ]
