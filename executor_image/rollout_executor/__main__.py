@@ -20,6 +20,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     src.add_argument("--token-path", help="Bearer token file for the controller API (default: the pod's ServiceAccount token).")
     ray_g = p.add_argument_group("ray")
     ray_g.add_argument("--ray-address", help="Join this Ray cluster (GCS host:port) instead of starting a head.")
+    ray_g.add_argument("--ray-connect-timeout", type=float, default=300.0,
+                       help="With --ray-address: keep retrying the connection this long (s) while that cluster's head starts.")
     ray_g.add_argument("--node-ip", default=os.environ.get("POD_IP", "127.0.0.1"), help="Address of the head this process starts.")
     ray_g.add_argument("--client-port", type=int, default=10001, help="Ray Client server port.")
     ray_g.add_argument("--gcs-port", type=int, default=6379)
@@ -151,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     on_signal()
 
     import ray
+    from rljob_client.rayconnect import init_ray
 
     from rollout_executor.actor import create_actor
     from rollout_executor.rayhead import start_ray_head
@@ -170,7 +174,10 @@ def main(argv: list[str] | None = None) -> int:
         address = head.address
     handle = None
     try:
-        ray.init(address=address, namespace=ACTOR_NAMESPACE, logging_level=logging.WARNING)
+        if head is None:  # a cluster we did not start (a KubeRay RayCluster): it may not be up yet
+            init_ray(address, ACTOR_NAMESPACE, time.monotonic() + args.ray_connect_timeout)
+        else:
+            ray.init(address=address, namespace=ACTOR_NAMESPACE, logging_level=logging.WARNING)
         on_signal()
         handle, info = create_actor(config)
         resumed = ray.get(handle.load.remote()) if config.state_dir else None
