@@ -59,9 +59,7 @@ class KubectlCluster(Protocol):
 
 def kuberay_dir(env: dict[str, str] | None = None) -> Path | None:
     """KubeRay's build (bin/ray-operator, crds/), or None when it is not built."""
-    r = subprocess.run(
-        [str(BUILD), "--print-kuberay"], capture_output=True, text=True, check=False, env=env
-    )
+    r = subprocess.run([str(BUILD), "--print-kuberay"], capture_output=True, text=True, check=False, env=env)
     return Path(r.stdout.strip()) if r.returncode == 0 and r.stdout.strip() else None
 
 

@@ -114,7 +114,9 @@ def dump(c: Cluster, ns: str, kuberay: Any) -> str:
 
 
 @pytest.mark.timeout(420)
-def test_kuberay_runs_the_rollout_ray_and_a_trainer_streams_a_batch(podnet_cluster, loop_ns, kuberay, tmp_path):
+def test_kuberay_runs_the_rollout_ray_and_a_trainer_streams_a_batch(
+    podnet_cluster, loop_ns, kuberay, tmp_path
+):
     c = podnet_cluster
     ns, release = loop_ns
     control_service_account(c, ns, release, TRAINER_SA)
@@ -143,7 +145,9 @@ def test_kuberay_runs_the_rollout_ray_and_a_trainer_streams_a_batch(podnet_clust
     # KubeRay's head) and gets rollout 0's batch.
     c.kubectl("-n", ns, "apply", "-f", "-", input=json.dumps(trainer_job(ns)))
     c.wait_for(
-        lambda: (kjson(c, ns, "job", f"{JOB}-my-trainer").get("status") or {}).keys() & {"succeeded", "failed"},
+        lambda: (
+            (kjson(c, ns, "job", f"{JOB}-my-trainer").get("status") or {}).keys() & {"succeeded", "failed"}
+        ),
         timeout=300,
         interval=1,
         what="trainer Job finished",
@@ -151,7 +155,9 @@ def test_kuberay_runs_the_rollout_ray_and_a_trainer_streams_a_batch(podnet_clust
     status = kjson(c, ns, "job", f"{JOB}-my-trainer")["status"]
     assert status.get("succeeded") == 1, dump(c, ns, kuberay)
     (trainer_log,) = [v for k, v in logs(c, ns).items() if k.startswith(f"{ns}_{JOB}-my-trainer-")]
-    result = json.loads(next(x for x in trainer_log.splitlines() if x.startswith("RESULT "))[len("RESULT ") :])
+    result = json.loads(
+        next(x for x in trainer_log.splitlines() if x.startswith("RESULT "))[len("RESULT ") :]
+    )
     assert result["address"] == f"ray://{JOB}-rollout:10001"
     assert result["rollout_id"] == 0 and result["rows"] == BATCH * SAMPLES, result
     assert result["transport"] == "http"  # Ray Client: the bytes come over the actor's side channel
