@@ -42,7 +42,7 @@ TRAINER = textwrap.dedent(f"""
     import json
     from urllib.parse import urlsplit
     from rljob_client.rollout_stream import RolloutStream
-    with RolloutStream({JOB!r}) as stream:
+    with RolloutStream({JOB!r}, connect_timeout_s=240) as stream:  # KubeRay's head is starting
         batch = stream.get(0, 0, 1)
         print("RESULT " + json.dumps({{
             "address": stream.address, "transport": stream.transport, "rows": len(batch),
@@ -121,6 +121,14 @@ def test_kuberay_runs_the_rollout_ray_and_a_trainer_streams_a_batch(
     ns, release = loop_ns
     control_service_account(c, ns, release, TRAINER_SA)
     c.kubectl("-n", ns, "apply", "-f", "-", input=yaml.safe_dump(rljob(tmp_path)))
+    # The user's trainer starts with the job, as it would: it waits for the rollout's Ray itself
+    # (once the operator made the Ray token Secret its env refers to).
+    c.wait_for(
+        lambda: c.kubectl("-n", ns, "get", "secret", f"{JOB}-ray-auth", check=False).returncode == 0,
+        timeout=60,
+        what="the job's Ray token Secret",
+    )
+    c.kubectl("-n", ns, "apply", "-f", "-", input=json.dumps(trainer_job(ns)))
 
     # The operator's RayCluster, reconciled by KubeRay into a head pod of KubeRay's making.
     rc = c.wait_for(lambda: kjson(c, ns, "raycluster", f"{JOB}-ray"), timeout=60, what="RayCluster")
@@ -141,9 +149,8 @@ def test_kuberay_runs_the_rollout_ray_and_a_trainer_streams_a_batch(
     assert "ray start --head" in started and "--block" in started, started  # KubeRay generated it
     assert "--disable-usage-stats" in started, started
 
-    # The user's trainer reaches the rollout through ray://<job>-rollout:10001 (Service DNS to
-    # KubeRay's head) and gets rollout 0's batch.
-    c.kubectl("-n", ns, "apply", "-f", "-", input=json.dumps(trainer_job(ns)))
+    # The trainer reached the rollout through ray://<job>-rollout:10001 (Service DNS to KubeRay's
+    # head) and got rollout 0's batch.
     c.wait_for(
         lambda: (
             (kjson(c, ns, "job", f"{JOB}-my-trainer").get("status") or {}).keys() & {"succeeded", "failed"}
