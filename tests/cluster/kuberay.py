@@ -22,8 +22,7 @@ CRDs installed here are deleted again by `stop()`.
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
+import json
 import socket
 import subprocess
 import sys
@@ -33,6 +32,7 @@ from typing import Any, Protocol
 
 import yaml
 
+from tests.cluster.procs import stop_group
 from tests.cluster.waiting import wait_for
 
 HERE = Path(__file__).resolve().parent
@@ -151,30 +151,28 @@ class KubeRayProcess:
         for name in CRD_FILES:
             self.cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
 
-    def _get(self, port: int, path: str) -> int:
-        """HTTP status of GET 127.0.0.1:<port><path>, asked from where the process listens."""
+    def _get(self, port: int, path: str) -> tuple[int, str]:
+        """(status, body) of GET 127.0.0.1:<port><path>, asked from where the process listens."""
         code = (
-            "import sys, urllib.request\n"
+            "import json, urllib.request\n"
             "try:\n"
-            f"    print(urllib.request.urlopen('http://127.0.0.1:{port}{path}', timeout=2).status)\n"
+            f"    r = urllib.request.urlopen('http://127.0.0.1:{port}{path}', timeout=5)\n"
+            "    print(json.dumps([r.status, r.read().decode()]))\n"
             "except OSError as e:\n"
-            "    print(getattr(e, 'code', 0))\n"
+            "    print(json.dumps([getattr(e, 'code', 0), '']))\n"
         )
         r = subprocess.run(
-            self.cluster.in_netns([sys.executable, "-c", code]), capture_output=True, text=True, timeout=20
+            self.cluster.in_netns([sys.executable, "-c", code]), capture_output=True, text=True, timeout=30
         )
-        return int(r.stdout.strip() or 0)
+        status, body = json.loads(r.stdout or '[0, ""]')
+        return int(status), str(body)
 
     def ready(self) -> bool:
-        return self._get(self.health_port, "/readyz") == 200
+        return self._get(self.health_port, "/readyz")[0] == 200
 
     def metrics(self) -> str:
         """The operator's own /metrics (controller-runtime's: reconcile counts, work queues)."""
-        code = f"import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:{self.metrics_port}/metrics', timeout=5).read().decode())"
-        r = subprocess.run(
-            self.cluster.in_netns([sys.executable, "-c", code]), capture_output=True, text=True, timeout=20
-        )
-        return r.stdout
+        return self._get(self.metrics_port, "/metrics")[1]
 
     def log_tail(self, n: int = 60) -> str:
         with contextlib.suppress(OSError):
@@ -182,14 +180,7 @@ class KubeRayProcess:
         return ""
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
+        stop_group(self.proc)
         for name in reversed(self._added_crds):
             self.cluster.kubectl("delete", "crd", name, "--ignore-not-found", "--wait=false", check=False)
         self._added_crds = []
