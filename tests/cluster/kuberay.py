@@ -65,7 +65,8 @@ def kuberay_dir(env: dict[str, str] | None = None) -> Path | None:
 
 def _schema(crd: dict[str, Any], version: str = "v1") -> dict[str, Any]:
     v = next(v for v in crd["spec"]["versions"] if v["name"] == version)
-    return v["schema"]["openAPIV3Schema"]  # type: ignore[no-any-return]
+    schema: dict[str, Any] = v["schema"]["openAPIV3Schema"]
+    return schema
 
 
 def _paths(node: dict[str, Any], prefix: str = "") -> Iterator[str]:
