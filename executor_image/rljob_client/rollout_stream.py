@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
-import logging
 import os
 import socket
 import time
@@ -34,6 +33,7 @@ from urllib.parse import urlsplit
 
 import ray
 
+from rljob_client.rayconnect import RayConnectError, init_ray
 from rljob_client.trainbatch import ShardRef, TrainBatch, decode
 
 ACTOR_NAMESPACE = "rljob"
@@ -100,20 +100,12 @@ class RolloutStream:
         return self
 
     def _init_ray(self, deadline: float) -> None:
-        """ray.init, retried: the client server's per-connection server can die at start
-        (seen under gVisor: a gRPC epoll check failure) and the next try gets a fresh one."""
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                ray.init(address=self.address, namespace=ACTOR_NAMESPACE, logging_level=logging.WARNING, log_to_driver=False)
-                return
-            except (ConnectionError, ConnectionAbortedError) as e:
-                if attempt >= CONNECT_ATTEMPTS or time.monotonic() > deadline:
-                    raise RolloutStreamError(f"cannot connect to {self.address} after {attempt} attempts: {e}") from e
-                with contextlib.suppress(Exception):
-                    ray.shutdown()
-                time.sleep(min(2.0 * attempt, 10.0))
+        """ray.init, retried (rljob_client.rayconnect): the client server's per-connection server
+        can die at start (seen under gVisor: a gRPC epoll check failure, and with KubeRay's head)."""
+        try:
+            init_ray(self.address, ACTOR_NAMESPACE, deadline, CONNECT_ATTEMPTS, log_to_driver=False)
+        except RayConnectError as e:
+            raise RolloutStreamError(str(e)) from e
 
     @property
     def transport(self) -> str:

@@ -20,6 +20,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -47,13 +48,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     src.add_argument("--token-path", help="Bearer token file for the controller API (default: the pod's ServiceAccount token).")
     ray_g = p.add_argument_group("ray")
     ray_g.add_argument("--ray-address", help="Join this Ray cluster (GCS host:port) instead of starting a head.")
+    ray_g.add_argument("--ray-connect-timeout", type=float, default=300.0,
+                       help="With --ray-address: keep retrying the connection this long (s) while that cluster's head starts.")
     ray_g.add_argument("--node-ip", default=os.environ.get("POD_IP", "127.0.0.1"), help="Address of the head this process starts.")
     ray_g.add_argument("--client-port", type=int, default=10001, help="Ray Client server port.")
     ray_g.add_argument("--gcs-port", type=int, default=6379)
     ray_g.add_argument("--num-cpus", type=int, default=2)
     ray_g.add_argument("--object-store-bytes", type=int, default=500 * 1024 * 1024)
     ray_g.add_argument("--ray-temp-dir", help="Ray's temp dir (short path).")
-    p.add_argument("--data-host", default=None, help="Bind address of the shard side channel (default: the node IP).")
+    p.add_argument("--data-host", default=None, help="Bind address of the shard side channel (default: the node IP; all interfaces with --ray-address).")
     p.add_argument("--data-port", type=int, default=10002, help="Port of the shard side channel (0: any).")
     p.add_argument("--data-advertise-host", default=None, help="Host trainers use to reach the side channel.")
     p.add_argument("--state-dir", default=os.environ.get("RLJOB_EXECUTOR_STATE_DIR"), help="Where save/load keep the dataset position.")
@@ -83,6 +86,19 @@ def load_manifest(args: argparse.Namespace) -> RLJobManifest:
     if args.dataset:
         data.setdefault("spec", {}).setdefault("rollout", {}).setdefault("dataset", {})["path"] = args.dataset
     return RLJobManifest.model_validate(data)
+
+
+def default_data_host(args: argparse.Namespace) -> str:
+    """Bind address of the shard side channel when --data-host is not given.
+
+    The channel is served by the actor, and the actor runs where Ray places it. With a head of
+    our own that is this pod: its node IP. Joining a cluster (--ray-address, e.g. a KubeRay
+    RayCluster) it runs on one of that cluster's nodes, where this pod's IP is no local
+    address: bind every interface there, and the actor advertises its node's IP.
+    """
+    if args.ray_address:
+        return "0.0.0.0"
+    return "127.0.0.1" if args.node_ip in ("127.0.0.1", "localhost") else str(args.node_ip)
 
 
 def build_config(args: argparse.Namespace, manifest: RLJobManifest, data_host: str) -> ExecutorConfig:
@@ -120,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     manifest = load_manifest(args)
     node_ip = args.node_ip
-    data_host = args.data_host or ("127.0.0.1" if node_ip in ("127.0.0.1", "localhost") else node_ip)
+    data_host = args.data_host or default_data_host(args)
     try:
         config = build_config(args, manifest, data_host)
         check_config(config)
@@ -138,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     on_signal()
 
     import ray
+    from rljob_client.rayconnect import init_ray
 
     from rollout_executor.actor import create_actor
     from rollout_executor.rayhead import start_ray_head
@@ -157,7 +174,10 @@ def main(argv: list[str] | None = None) -> int:
         address = head.address
     handle = None
     try:
-        ray.init(address=address, namespace=ACTOR_NAMESPACE, logging_level=logging.WARNING)
+        if head is None:  # a cluster we did not start (a KubeRay RayCluster): it may not be up yet
+            init_ray(address, ACTOR_NAMESPACE, time.monotonic() + args.ray_connect_timeout)
+        else:
+            ray.init(address=address, namespace=ACTOR_NAMESPACE, logging_level=logging.WARNING)
         on_signal()
         handle, info = create_actor(config)
         resumed = ray.get(handle.load.remote()) if config.state_dir else None

@@ -22,18 +22,19 @@ import os
 import re
 import shutil
 import subprocess
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
+from tests.cluster.waiting import WaitTimeout as WaitTimeout  # re-exported: tests import it from here
+from tests.cluster.waiting import wait_for
+
 HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parents[1]
-T = TypeVar("T")
 
 
 def cache_dir() -> Path:
@@ -42,30 +43,6 @@ def cache_dir() -> Path:
 
 def in_ci() -> bool:
     return os.environ.get("CI", "").lower() in ("1", "true", "yes")
-
-
-class WaitTimeout(AssertionError):
-    pass
-
-
-def wait_for(fn: Callable[[], T], timeout: float = 60.0, interval: float = 0.2, what: str = "") -> T:
-    """Poll fn() until it returns a truthy value (returned) or the deadline passes.
-
-    Exceptions raised by fn count as "not yet"; the last one is reported on timeout.
-    """
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while True:
-        try:
-            value = fn()
-            if value:
-                return value
-            last = value
-        except Exception as exc:
-            last = exc
-        if time.monotonic() >= deadline:
-            raise WaitTimeout(f"timed out after {timeout:.0f}s waiting for {what or fn!r}; last: {last!r}")
-        time.sleep(interval)
 
 
 @dataclass

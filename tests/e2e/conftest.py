@@ -29,6 +29,7 @@ import pytest
 import yaml
 
 from tests.cluster.fixtures import Cluster, wait_for
+from tests.cluster.kuberay import KubeRayProcess, kuberay_dir
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "helm" / "rljob-operator"
@@ -203,3 +204,73 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def kjson(c: Cluster, ns: str, *what: str) -> Any:
+    return json.loads(c.kubectl("-n", ns, "get", *what, "-o", "json").stdout)
+
+
+@pytest.fixture
+def loop_ns(podnet_cluster: Cluster, tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """(namespace, helm release) on the pod-network cluster: the operator installed as the README
+    tells users, in-cluster, watching that namespace."""
+    c = podnet_cluster
+    ns = f"t-loop-{uuid.uuid4().hex[:6]}"
+    c.kubectl("create", "namespace", ns)
+    c.wait_for(
+        lambda: c.kubectl("-n", ns, "get", "serviceaccount", "default", check=False).returncode == 0,
+        timeout=60,
+        what="default serviceaccount",
+    )
+    c.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
+    c.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/rljobs.rljob.io")
+    release = f"rljob-operator-{uuid.uuid4().hex[:5]}"
+    values = {
+        "podLabels": {PROCESS_LABEL: "process"},
+        "replicaCount": 1,
+        "scope": "namespace",
+        "watchNamespaces": [ns],
+        "extraArgs": ["--log-format=text"],
+        "extraEnv": [venv_path_env()],
+    }
+    (tmp_path / "values.yaml").write_text(yaml.safe_dump(values))
+    c.helm(
+        "install",
+        release,
+        str(CHART),
+        "-n",
+        ns,
+        "-f",
+        str(tmp_path / "values.yaml"),
+        "--wait",
+        "--timeout",
+        "180s",
+    )
+    try:
+        yield ns, release
+    finally:
+        c.kubectl("-n", ns, "delete", "rljobs", "--all", "--timeout=60s", check=False)
+        c.helm("uninstall", release, "-n", ns, "--wait", "--timeout", "120s", check=False)
+        c.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+def control_service_account(c: Cluster, ns: str, release: str, sa: str) -> None:
+    """`sa`, bound to the chart's `<release>-control` ClusterRole (what the README asks of a trainer's)."""
+    c.kubectl("-n", ns, "create", "serviceaccount", sa)
+    c.kubectl("-n", ns, "create", "rolebinding", f"{sa}-control", f"--clusterrole={release}-control",
+              f"--serviceaccount={ns}:{sa}")  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def kuberay(podnet_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeRayProcess]:
+    """The real KubeRay operator (v1.5.0, tests/cluster/kuberay.py) on the pod-network cluster,
+    watching every namespace, once per session. `tests/cluster/up` builds it, so a missing
+    build is a failure, not a skip."""
+    build = kuberay_dir()
+    if build is None:
+        pytest.fail("KubeRay is not built: tests/cluster/build --print-kuberay failed (tests/cluster/build builds it)")
+    proc = KubeRayProcess(podnet_cluster, build, tmp_path_factory.mktemp("kuberay") / "kuberay.log")
+    try:
+        yield proc
+    finally:
+        proc.stop()

@@ -12,20 +12,16 @@ the trainer's logged rewards rise, and the RLJob is deleted after ttlSecondsAfte
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 import sys
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from tests.cluster.fixtures import Cluster
-from tests.e2e.conftest import CHART, CRD, PROCESS_LABEL, venv_path_env
+from tests.e2e.conftest import control_service_account, kjson
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -36,57 +32,10 @@ HOST_DIR = "/var/tmp/rljob-tiny-cluster"  # the example's host paths, replaced b
 STEP_LOG = re.compile(r"step (\d+) reward ([0-9.]+) loss")
 
 
-def kjson(c: Cluster, ns: str, *what: str) -> Any:
-    return json.loads(c.kubectl("-n", ns, "get", *what, "-o", "json").stdout)
-
-
 def manifest(tmp: Path) -> dict[str, Any]:
     """The example with its host paths under this test's directory."""
     text = EXAMPLE.read_text().replace(HOST_DIR, str(tmp))
     return yaml.safe_load(text)
-
-
-@pytest.fixture
-def loop_ns(podnet_cluster: Cluster, tmp_path: Path) -> Iterator[tuple[str, str]]:
-    """(namespace, helm release): the operator installed as the README tells users, in-cluster."""
-    c = podnet_cluster
-    ns = f"t-loop-{uuid.uuid4().hex[:6]}"
-    c.kubectl("create", "namespace", ns)
-    c.wait_for(
-        lambda: c.kubectl("-n", ns, "get", "serviceaccount", "default", check=False).returncode == 0,
-        timeout=60,
-        what="default serviceaccount",
-    )
-    c.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
-    c.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/rljobs.rljob.io")
-    release = f"rljob-operator-{uuid.uuid4().hex[:5]}"
-    values = {
-        "podLabels": {PROCESS_LABEL: "process"},
-        "replicaCount": 1,
-        "scope": "namespace",
-        "watchNamespaces": [ns],
-        "extraArgs": ["--log-format=text"],
-        "extraEnv": [venv_path_env()],
-    }
-    (tmp_path / "values.yaml").write_text(yaml.safe_dump(values))
-    c.helm(
-        "install",
-        release,
-        str(CHART),
-        "-n",
-        ns,
-        "-f",
-        str(tmp_path / "values.yaml"),
-        "--wait",
-        "--timeout",
-        "180s",
-    )
-    try:
-        yield ns, release
-    finally:
-        c.kubectl("-n", ns, "delete", "rljobs", "--all", "--timeout=60s", check=False)
-        c.helm("uninstall", release, "-n", ns, "--wait", "--timeout", "120s", check=False)
-        c.kubectl("delete", "namespace", ns, "--wait=false", check=False)
 
 
 def rewards(log: str) -> list[float]:
@@ -106,17 +55,7 @@ def test_apply_tiny_cluster_trains_to_succeeded_and_is_deleted_after_ttl(podnet_
     )
     (tmp_path / "weights").mkdir()
     job = manifest(tmp_path)
-    sa = job["spec"]["trainer"]["serviceAccountName"]
-    c.kubectl("-n", ns, "create", "serviceaccount", sa)
-    c.kubectl(
-        "-n",
-        ns,
-        "create",
-        "rolebinding",
-        f"{sa}-control",
-        f"--clusterrole={release}-control",
-        f"--serviceaccount={ns}:{sa}",
-    )
+    control_service_account(c, ns, release, job["spec"]["trainer"]["serviceAccountName"])
 
     watch = subprocess.Popen(
         c.in_netns(

@@ -35,7 +35,6 @@ import datetime
 import ipaddress
 import os
 import shutil
-import signal
 import ssl
 import subprocess
 import urllib.error
@@ -50,6 +49,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from tests.cluster.fixtures import wait_for
+from tests.cluster.procs import stop_group
 from tests.integration.operator_harness import REPO, free_port
 
 BUILD = REPO / "tests" / "cluster" / "build"
@@ -224,14 +224,7 @@ class KueueProcess:
             self.cluster.kubectl(
                 "delete", kind, f"{WEBHOOK_CONFIG}-{suffix}", "--ignore-not-found", check=False
             )
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
+        stop_group(self.proc)
         for path in self._made:
             if path.is_dir():
                 shutil.rmtree(path, ignore_errors=True)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 from rljob_operator.manifests.executor import EXECUTOR_SPEC_ENV, executor_deployment
-from rollout_executor.__main__ import load_manifest
+from rollout_executor.__main__ import default_data_host, load_manifest, parse_args
 
 ROOT = Path(__file__).resolve().parents[2]
 URL = "http://rljob-operator.rljob-system.svc:8080"
@@ -47,3 +47,13 @@ def test_scaling_engines_does_not_change_the_executor_pod_template() -> None:
     before = executor_deployment(job, URL)["spec"]["template"]
     job["spec"]["inference"]["replicas"] += 3
     assert executor_deployment(job, URL)["spec"]["template"] == before
+
+
+def test_side_channel_binds_all_interfaces_when_the_actor_runs_in_another_ray_cluster() -> None:
+    """With --ray-address (a KubeRay RayCluster) the actor runs on the cluster's node, where the
+    executor pod's IP is not a local address: binding it there fails (seen with the real KubeRay)."""
+    joined = parse_args(["--job", "j", "--node-ip", "10.50.0.7", "--ray-address", "ray://j-rollout:10001"])
+    assert default_data_host(joined) == "0.0.0.0"
+    own_head = parse_args(["--job", "j", "--node-ip", "10.50.0.7"])
+    assert default_data_host(own_head) == "10.50.0.7"
+    assert default_data_host(parse_args(["--job", "j", "--node-ip", "localhost"])) == "127.0.0.1"

@@ -19,6 +19,7 @@ from rljob_operator.manifests import (
     engines_service,
     executor_deployment,
     executor_service,
+    network_policies,
     ray_cluster,
     trainer_workload,
 )
@@ -399,6 +400,50 @@ def test_schema_check_catches_a_broken_ray_cluster() -> None:
     del rc["spec"]["workerGroupSpecs"][0]["groupName"]
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(rc, kuberay_schema())
+
+
+def test_ray_cluster_pods_carry_the_rollout_pod_metadata_and_no_usage_stats() -> None:
+    """The rollout runs in the head pod, so the rollout's pod labels/annotations go there (the
+    real KubeRay copies the template's metadata onto the pods: tests/e2e/test_kuberay_rollout.py);
+    Ray's usage reporting is off like on every other Ray head the operator starts."""
+    j = job("multinode-vllm")
+    j["spec"]["rollout"]["podMetadata"] = {
+        "labels": {"team": "rl", L.JOB: "spoofed"},
+        "annotations": {"sidecar.istio.io/inject": "false"},
+    }
+    rc = ray_cluster(j)
+    assert rc is not None
+    groups = [rc["spec"]["headGroupSpec"], *rc["spec"]["workerGroupSpecs"]]
+    for group in groups:
+        meta = group["template"]["metadata"]
+        assert meta["labels"]["team"] == "rl"
+        assert meta["labels"][L.JOB] == "llama-70b"  # the job's own labels win over the user's
+        assert meta["annotations"] == {"sidecar.istio.io/inject": "false"}
+        assert group["rayStartParams"]["disable-usage-stats"] == "true"
+    assert groups[0]["template"]["metadata"] is not groups[1]["template"]["metadata"]
+
+
+def test_ray_cluster_pods_run_as_the_executors_service_account() -> None:
+    """The rollout actor runs in the RayCluster and reads its pod's token for the controller API:
+    that must be the executor's ServiceAccount (the trainer's), not the namespace's default."""
+    j = job("multinode-vllm")
+    j["spec"]["trainer"]["serviceAccountName"] = "rl-trainer"
+    rc = ray_cluster(j)
+    assert rc is not None
+    executor_spec = executor_deployment(j, URL)["spec"]["template"]["spec"]
+    for group in (rc["spec"]["headGroupSpec"], *rc["spec"]["workerGroupSpecs"]):
+        spec = group["template"]["spec"]
+        assert spec["serviceAccountName"] == executor_spec["serviceAccountName"] == "rl-trainer"
+        assert spec["automountServiceAccountToken"] is True
+
+
+def test_engines_admit_the_ray_cluster_pods_that_run_the_rollout() -> None:
+    """With a RayCluster the actor generating against the engines lives in a `ray` pod."""
+    j = job("multinode-vllm")
+    engines = next(p for p in network_policies(j) if p["metadata"]["labels"][L.ROLE] == L.ROLE_ENGINE)
+    allowed = {v for rule in engines["spec"]["ingress"] for peer in rule["from"]
+               for e in peer.get("podSelector", {}).get("matchExpressions", []) for v in e["values"]}  # fmt: skip
+    assert {"ray", L.ROLE_ROLLOUT, L.ROLE_TRAINER} <= allowed
 
 
 def test_no_ray_cluster_unless_asked_for() -> None:

@@ -66,7 +66,8 @@ def engine_network_policy(job: dict[str, Any] | JobView) -> dict[str, Any]:
         "namespaceSelector": {},
         "podSelector": {"matchLabels": dict(OPERATOR_POD_LABELS)},
     }
-    peers: dict[str, Any] = {"podSelector": _job_pods(view, L.ROLE_ENGINE, L.ROLE_ROLLOUT, L.ROLE_TRAINER)}
+    # ROLE_RAY: with spec.rollout.rayCluster the rollout actor generates from the RayCluster's pods.
+    peers: dict[str, Any] = {"podSelector": _job_pods(view, L.ROLE_ENGINE, L.ROLE_ROLLOUT, ROLE_RAY, L.ROLE_TRAINER)}
     return _policy(view, L.ROLE_ENGINE, _job_pods(view, L.ROLE_ENGINE), [{"from": [operator, peers]}])
 
 

@@ -5,11 +5,24 @@ Shaped like KubeRay's own samples (ray-cluster.sample.yaml): a head group exposi
 head pod, so trainers keep using `ray://<job>-rollout:10001` — and one CPU worker group of
 `workers` replicas, all running `spec.rollout.rayCluster.image` (use an image that carries
 the rollout code and reward functions if Ray tasks are to run them on the workers). Validated against the real KubeRay CRD
-(third_party/kuberay) in tests.
+(third_party/kuberay) in tests, and reconciled by the real KubeRay operator v1.5.0 in
+tests/e2e/test_kuberay_rollout.py.
+
+Two choices the real KubeRay made visible:
+- the head and worker pods carry `spec.rollout.podMetadata`: with a RayCluster the executor's
+  actor (the rollout itself) runs in the head pod, so labels and annotations meant for the
+  rollout's pods (sidecar opt-outs, cost labels, the test cluster's process label) must reach it;
+- the pods run as the executor's ServiceAccount (the trainer's unless set otherwise), token
+  mounted: the actor reads the pod's token to call the controller API (engine discovery), so
+  in the head pod it must be the token the executor pod has, not the namespace's `default`;
+- `disable-usage-stats` in both groups' rayStartParams: KubeRay generates `ray start` from
+  them, and Ray otherwise reports usage to an outside server by default; the executor's own
+  head and the engines' Ray heads pass the same flag.
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from rljob_operator import labels as L
@@ -21,6 +34,7 @@ from rljob_operator.manifests.rayauth import ray_auth_env
 from rljob_operator.names import ray_cluster_name
 
 ROLE_RAY = "ray"
+NO_USAGE_STATS = {"disable-usage-stats": "true"}  # KubeRay turns "true" into a bare `--disable-usage-stats`
 
 
 def _container(
@@ -34,6 +48,17 @@ def _container(
     return c
 
 
+def _pod_spec(view: JobView, container: dict[str, Any]) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "automountServiceAccountToken": True,
+        "securityContext": restricted_pod(uid=None),
+        "containers": [container],
+    }
+    if view.spec.trainer.service_account_name:  # as executor_deployment's default
+        spec["serviceAccountName"] = view.spec.trainer.service_account_name
+    return spec
+
+
 def ray_cluster(job: dict[str, Any] | JobView) -> dict[str, Any] | None:
     """The RayCluster, or None when `spec.rollout.rayCluster` is not set."""
     view = JobView.of(job)
@@ -41,7 +66,10 @@ def ray_cluster(job: dict[str, Any] | JobView) -> dict[str, Any] | None:
     if rc is None:
         return None
     resources = container_resources(view.spec.rollout.resources, 0)
-    pod_labels = L.job_labels(view.name, ROLE_RAY)
+    meta = view.spec.rollout.pod_metadata
+    pod_meta: dict[str, Any] = {"labels": {**meta.labels, **L.job_labels(view.name, ROLE_RAY)}}
+    if meta.annotations:
+        pod_meta["annotations"] = dict(meta.annotations)
     head_ports = [
         {"name": "gcs-server", "containerPort": 6379},
         {"name": "dashboard", "containerPort": 8265},
@@ -50,15 +78,12 @@ def ray_cluster(job: dict[str, Any] | JobView) -> dict[str, Any] | None:
     spec: dict[str, Any] = {
         "rayVersion": rc.ray_version,
         "headGroupSpec": {
-            "rayStartParams": {"dashboard-host": "0.0.0.0"},
+            "rayStartParams": {"dashboard-host": "0.0.0.0", **NO_USAGE_STATS},
             "template": {
-                "metadata": {"labels": dict(pod_labels)},
-                "spec": {
-                    "securityContext": restricted_pod(uid=None),
-                    "containers": [
-                        _container("ray-head", rc.image, resources, head_ports, ray_auth_env(view))
-                    ],
-                },
+                "metadata": copy.deepcopy(pod_meta),
+                "spec": _pod_spec(
+                    view, _container("ray-head", rc.image, resources, head_ports, ray_auth_env(view))
+                ),
             },
         },
     }
@@ -69,15 +94,12 @@ def ray_cluster(job: dict[str, Any] | JobView) -> dict[str, Any] | None:
                 "replicas": rc.workers,
                 "minReplicas": rc.workers,
                 "maxReplicas": rc.workers,
-                "rayStartParams": {},
+                "rayStartParams": dict(NO_USAGE_STATS),
                 "template": {
-                    "metadata": {"labels": dict(pod_labels)},
-                    "spec": {
-                        "securityContext": restricted_pod(uid=None),
-                        "containers": [
-                            _container("ray-worker", rc.image, dict(resources), [], ray_auth_env(view))
-                        ],
-                    },
+                    "metadata": copy.deepcopy(pod_meta),
+                    "spec": _pod_spec(
+                        view, _container("ray-worker", rc.image, dict(resources), [], ray_auth_env(view))
+                    ),
                 },
             }
         ]
