@@ -286,6 +286,56 @@ async def test_a_failed_trainer_job_is_recreated_as_the_next_attempt_and_counted
     await rt.recorder.close()
 
 
+async def test_a_trainer_failing_again_is_restarted_only_after_its_backoff_and_the_job_says_so():
+    """Restart 2 waits 10 s after the failure (restart 1 was at once): a crash loop cannot spend
+    the budget in seconds. Meanwhile the failed Job stays, the job is not Failed, one Event says why."""
+    clock, platform = FakeClock(), FakePlatform()
+    body = rljob()
+    body["spec"]["trainer"] = {"replicas": 1, "gpusPerReplica": 0, "reference": {"saveEverySteps": 2}}
+    rt, kube, applied = runtime(body, platform, clock)
+    failed = {
+        "metadata": {"annotations": {"rljob.io/trainer-attempt": "1"}},
+        "status": {"conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
+                                   "lastTransitionTime": iso(clock.now() - 3)}]},
+    }
+    stored: list[dict[str, Any] | None] = [failed]
+    deleted: list[str] = []
+
+    async def get_job(ns: str, name: str) -> dict[str, Any] | None:
+        return stored[-1]
+
+    async def delete_job(ns: str, name: str) -> None:
+        deleted.append(name)
+        stored.append(None)
+
+    record = kube.apply
+
+    async def apply(obj: dict[str, Any]) -> dict[str, Any]:
+        if obj["kind"] == "Job" and stored[-1] is None:
+            stored.append({"metadata": obj["metadata"], "status": {}})
+        return await record(obj)
+
+    kube.get_job, kube.delete_job, kube.apply = get_job, delete_job, apply
+    rt.recorder.start()
+    await rt.run_pass()
+    await rt.run_pass()
+    await rt.recorder.flush()
+    assert deleted == []
+    assert kube.body["status"]["phase"] != "Failed"
+    backoff = [m for _, r, m in kube.events if r == "TrainerRestartBackoff"]
+    assert len(backoff) == 1 and "restart 2 of 3 after a backoff of 10 s" in backoff[0], kube.events
+    assert {o["metadata"]["annotations"]["rljob.io/trainer-attempt"] for o in applied if o["kind"] == "Job"} <= {"1"}
+
+    await clock.advance(8)  # 11 s after the failure
+    await rt.run_pass()
+    await rt.recorder.flush()
+    assert deleted == ["job-trainer"]
+    assert [o["metadata"]["annotations"]["rljob.io/trainer-attempt"] for o in applied if o["kind"] == "Job"][-1] == "2"
+    assert kube.body["status"]["trainerRestarts"] == 2
+    assert len([m for _, r, m in kube.events if r == "TrainerRestarted"]) == 1
+    await rt.recorder.close()
+
+
 async def test_the_ray_token_secret_is_made_once_and_never_rotated_by_a_resync():
     clock, platform, body = FakeClock(), FakePlatform(), rljob()
     rt, kube, applied = runtime(body, platform, clock)

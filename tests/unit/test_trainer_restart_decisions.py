@@ -7,11 +7,13 @@ from typing import Any
 import pytest
 from rljob_operator.reconcile.job_status import TrainerState, trainer_state
 from rljob_operator.reconcile.trainer_restart import (
+    REASON_BACKOFF,
     REASON_BUDGET,
     REASON_FAILED,
     TrainerAction,
     decide_trainer,
     job_attempt,
+    restart_backoff,
 )
 
 from controller_runtime.api.spec import TrainerSpec
@@ -89,3 +91,19 @@ def test_the_failed_rank_is_named_from_the_jobs_failed_indexes() -> None:
 def test_max_restarts_is_bounded_in_the_model() -> None:
     with pytest.raises(ValueError, match=r"max_restarts|maxRestarts"):
         trainer(maxRestarts=-1)
+
+
+def test_restarts_back_off_10_s_doubling_to_5_min_after_an_immediate_first() -> None:
+    assert [restart_backoff(n) for n in range(1, 8)] == [0, 10, 20, 40, 80, 160, 300]
+    assert restart_backoff(30) == 300
+
+
+def test_a_trainer_failing_again_waits_out_its_backoff_then_restarts() -> None:
+    t = trainer(reference={"saveEverySteps": 5}, maxRestarts=5)
+    assert decide_trainer(t, TrainerState.failed, FAILED, 0, failed_for=0).action is TrainerAction.restart
+    v = decide_trainer(t, TrainerState.failed, FAILED, 2, failed_for=5)
+    assert (v.action, v.attempt, v.reason, v.after) == (TrainerAction.wait, 3, REASON_BACKOFF, 15)
+    assert v.message.startswith(FAILED) and "restart 3 of 5 after a backoff of 20 s" in v.message
+    assert decide_trainer(t, TrainerState.failed, FAILED, 2, failed_for=20).action is TrainerAction.restart
+    # The budget is judged before the backoff: a spent budget fails at once.
+    assert decide_trainer(t, TrainerState.failed, FAILED, 5, failed_for=0).action is TrainerAction.fail

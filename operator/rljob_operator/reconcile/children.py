@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from controller_runtime.api.spec import Placement, RLJobSpec, Toleration
+from controller_runtime.clock import parse_iso
 from rljob_operator.kubeapi import Invalid, KubeApiError
 from rljob_operator.kueue import FlavorPlacement, placement_with
 from rljob_operator.manifests import (
@@ -40,7 +41,7 @@ from rljob_operator.manifests.podspec import placement_fields
 from rljob_operator.names import trainer_name
 from rljob_operator.reconcile.context import JobContext
 from rljob_operator.reconcile.flow import StepResult
-from rljob_operator.reconcile.job_status import TrainerState, trainer_state
+from rljob_operator.reconcile.job_status import TrainerState, failed_at, trainer_state
 from rljob_operator.reconcile.trainer_restart import (
     TrainerAction,
     TrainerVerdict,
@@ -57,6 +58,7 @@ class Applied:
 
     generation: Hashable
     at: float
+    backoff_noted: int = 0  # the trainer restart whose backoff was reported (one Event per restart)
 
 
 @dataclass(frozen=True)
@@ -126,23 +128,37 @@ async def ensure_children(
     """
     live = await observe_trainer(job, spec)
     state, message = trainer_state(live) if live is not None else (TrainerState.absent, "")
-    verdict = decide_trainer(spec.trainer, state, message, max(job_attempt(live), trainer_restarts))
     now = job.clock.now()
+    when = failed_at(live)
+    failed_for = now - parse_iso(when) if when else float("inf")
+    verdict = decide_trainer(spec.trainer, state, message, max(job_attempt(live), trainer_restarts), failed_for)
+    noted = applied.backoff_noted if applied is not None else 0
+    if verdict.action is TrainerAction.wait:
+        state, message = TrainerState.backoff, verdict.message
+        if noted != verdict.attempt:
+            job.recorder.record("Warning", verdict.reason, verdict.message)
+            noted = verdict.attempt
+        # The failed Job stays (its pods and logs are what a user reads) until the restart is due.
+        attempt = verdict.attempt - 1
+    else:
+        attempt = verdict.attempt
     if verdict.action is TrainerAction.restart:
         await restart_trainer(job, spec, job_object, controller_url, verdict)
-        state, message, applied = TrainerState.running, "", Applied(generation, now)
+        state, message, applied = TrainerState.running, "", Applied(generation, now, noted)
     if applied is None or applied.generation != generation or now - applied.at >= CHILDREN_RESYNC_SECONDS:
         await ensure_ray_auth_secret(job, job_object)
-        for obj in desired_children(job_object, controller_url, executor_flavors, verdict.attempt):
+        for obj in desired_children(job_object, controller_url, executor_flavors, attempt):
             await apply_child(job, obj)
-        applied = Applied(generation, now)
+        applied = Applied(generation, now, noted)
+    elif applied.backoff_noted != noted:
+        applied = replace(applied, backoff_noted=noted)
     return ChildrenSeen(
         StepResult.proceed(),
         applied,
         state,
         verdict.message if verdict.action is TrainerAction.fail else message,
-        verdict.reason,
-        verdict.attempt,
+        verdict.reason if verdict.action is TrainerAction.fail else "",
+        attempt,
     )
 
 

@@ -38,6 +38,15 @@ class TrainerState(StrEnum):
     suspended = "suspended"
     succeeded = "succeeded"
     failed = "failed"
+    backoff = "backoff"  # failed, and restarted once its backoff is over (reconcile/trainer_restart.py)
+
+
+def failed_at(job: Mapping[str, Any] | None) -> str | None:
+    """When the Job failed: its Failed condition's lastTransitionTime (RFC 3339), if any."""
+    for c in ((job or {}).get("status") or {}).get("conditions") or []:
+        if c.get("type") == "Failed" and c.get("status") == "True":
+            return c.get("lastTransitionTime") or None
+    return None
 
 
 def trainer_state(job: Mapping[str, Any] | None) -> tuple[TrainerState, str]:

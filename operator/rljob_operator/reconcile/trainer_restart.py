@@ -11,6 +11,11 @@ per rank as each survivor fails in turn.
 The attempt number lives on the Job (annotation `rljob.io/trainer-attempt`) and in
 `status.trainerRestarts`; the larger of the two counts, so a replica that takes over between
 the delete and the status write never grants the budget twice.
+
+The first restart is immediate (a lost node or a preempted pod is the usual cause, and waiting
+only idles the engines); later ones back off, 10 s doubling to at most 5 min, as the kubelet
+backs off a crash-looping container: a trainer that fails at once on every start would
+otherwise spend its whole budget in seconds, before anyone could read the first failure.
 """
 
 from __future__ import annotations
@@ -26,11 +31,15 @@ from rljob_operator.reconcile.job_status import TrainerState
 
 REASON_FAILED = "TrainerFailed"
 REASON_BUDGET = "TrainerRestartBudgetExhausted"
+REASON_BACKOFF = "TrainerRestartBackoff"
+BACKOFF_BASE_SECONDS = 10.0
+BACKOFF_MAX_SECONDS = 300.0
 
 
 class TrainerAction(StrEnum):
     keep = "keep"  # running, finished well, or absent: nothing to decide
     restart = "restart"  # delete the failed Job and create attempt `attempt`
+    wait = "wait"  # restart `attempt` is due in `after` seconds (backoff): the failed Job stays
     fail = "fail"  # the job fails with `reason` and `message`
 
 
@@ -40,6 +49,14 @@ class TrainerVerdict:
     attempt: int  # the attempt the trainer Job should be (restarts so far, this one included)
     reason: str = ""
     message: str = ""
+    after: float = 0.0  # wait: seconds until the restart is due
+
+
+def restart_backoff(attempt: int) -> float:
+    """Seconds between the failure and restart `attempt` (1-based): none for the first."""
+    if attempt <= 1:
+        return 0.0
+    return min(BACKOFF_MAX_SECONDS, BACKOFF_BASE_SECONDS * 2 ** (attempt - 2))
 
 
 def job_attempt(job: Mapping[str, Any] | None) -> int:
@@ -50,8 +67,11 @@ def job_attempt(job: Mapping[str, Any] | None) -> int:
     return int(value) if str(value).isdigit() else 0
 
 
-def decide_trainer(trainer: TrainerSpec, state: TrainerState, message: str, attempt: int) -> TrainerVerdict:
-    """What to do about the trainer Job of attempt `attempt` in `state` (its failure in `message`)."""
+def decide_trainer(
+    trainer: TrainerSpec, state: TrainerState, message: str, attempt: int, failed_for: float = float("inf")
+) -> TrainerVerdict:
+    """What to do about the trainer Job of attempt `attempt` in `state` (its failure in `message`,
+    `failed_for` seconds ago)."""
     if state is not TrainerState.failed:
         return TrainerVerdict(TrainerAction.keep, attempt)
     if trainer.max_restarts == 0:
@@ -75,5 +95,15 @@ def decide_trainer(trainer: TrainerSpec, state: TrainerState, message: str, atte
             attempt,
             REASON_BUDGET,
             f"{message}; spec.trainer.maxRestarts ({trainer.max_restarts}) restarts spent",
+        )
+    wait = restart_backoff(attempt + 1) - failed_for
+    if wait > 0:
+        return TrainerVerdict(
+            TrainerAction.wait,
+            attempt + 1,
+            REASON_BACKOFF,
+            f"{message}; restart {attempt + 1} of {trainer.max_restarts} after a backoff of "
+            f"{restart_backoff(attempt + 1):.0f} s",
+            after=wait,
         )
     return TrainerVerdict(TrainerAction.restart, attempt + 1, message=message)
