@@ -38,6 +38,12 @@ SPECS: tuple[MetricSpec, ...] = (
         (*JOB, "phase"),
         "1 for the job's current phase (Pending ... Failed), 0 for the others.",
     ),
+    MetricSpec(
+        "rljob_job_failed",
+        "gauge",
+        (*JOB, "reason"),
+        "1 while the job is Failed, labelled with its Failed condition's reason.",
+    ),
     MetricSpec("rljob_cells", "gauge", (*JOB, "state"), "Engine cells per state (Pending ... Failed)."),
     MetricSpec(
         "rljob_weight_version",

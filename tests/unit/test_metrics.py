@@ -63,6 +63,19 @@ def _families(text: str) -> dict[str, str]:
     return dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M))
 
 
+def test_a_failed_job_exports_its_failure_reason_after_its_cells_are_gone() -> None:
+    status = {
+        "phase": "Failed",
+        "engines": [],
+        "conditions": [{"type": "Failed", "status": "True", "reason": "RestartBudgetExhausted"}],
+    }
+    samples = {(n, lb): v for n, lb, v in job_samples(JobSnapshot(status), NOW)}
+    assert samples[("rljob_job_failed", ("RestartBudgetExhausted",))] == 1.0
+    assert samples[("rljob_cells", ("Failed",))] == 0.0
+    running = {n for n, _, _ in job_samples(JobSnapshot({"phase": "Running", "engines": []}), NOW)}
+    assert "rljob_job_failed" not in running
+
+
 def test_operator_exports_every_declared_family_with_its_type() -> None:
     m = Metrics(FakeClock(start=NOW))
     m.set_max_restarts("ns", "j", 2)
