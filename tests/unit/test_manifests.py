@@ -437,6 +437,16 @@ def test_ray_cluster_pods_run_as_the_executors_service_account() -> None:
         assert spec["automountServiceAccountToken"] is True
 
 
+def test_a_suspended_job_scales_its_executor_to_zero_and_suspends_its_ray_cluster() -> None:
+    """Suspended (by the user or by Kueue's preemption), the job holds no rollout pod either."""
+    j = job("multinode-vllm")
+    for suspend, replicas in ((False, 1), (True, 0)):
+        j["spec"]["suspend"] = suspend
+        assert executor_deployment(j, URL)["spec"]["replicas"] == replicas
+        rc = ray_cluster(j)
+        assert rc is not None and rc["spec"]["suspend"] is suspend
+
+
 def test_engines_admit_the_ray_cluster_pods_that_run_the_rollout() -> None:
     """With a RayCluster the actor generating against the engines lives in a `ray` pod."""
     j = job("multinode-vllm")

@@ -146,7 +146,9 @@ def executor_deployment(
         "kind": "Deployment",
         "metadata": view.metadata(name, L.ROLE_ROLLOUT),
         "spec": {
-            "replicas": 1,
+            # Suspended (spec.suspend, or Kueue holds the job): the executor's pod goes too, so a
+            # preempted job holds none of the quota its Workload's executor PodSet counts.
+            "replicas": 0 if view.spec.suspend else 1,
             "strategy": {"type": "Recreate"},
             "selector": {"matchLabels": selector},
             "template": {

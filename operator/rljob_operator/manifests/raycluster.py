@@ -76,6 +76,9 @@ def ray_cluster(job: dict[str, Any] | JobView) -> dict[str, Any] | None:
         {"name": "client", "containerPort": 10001},
     ]
     spec: dict[str, Any] = {
+        # KubeRay deletes the cluster's pods while suspended (RayCluster spec.suspend), as the
+        # engines and the executor stop: a suspended or preempted job holds no Ray pod either.
+        "suspend": view.spec.suspend,
         "rayVersion": rc.ray_version,
         "headGroupSpec": {
             "rayStartParams": {"dashboard-host": "0.0.0.0", **NO_USAGE_STATS},
