@@ -74,6 +74,9 @@ class ShardChannelLost(ConnectionError):
 EXECUTOR_LOST: tuple[type[BaseException], ...] = (
     ConnectionError, OSError, http.client.HTTPException, ray.exceptions.RayActorError, ActorMissing,
 )
+# ...but not these, though Ray makes them OSErrors too: the actor's own error (a RayTaskError is
+# also an instance of its cause's type) and a call that outlived its timeout on a live executor.
+NOT_LOST: tuple[type[BaseException], ...] = (ray.exceptions.RayTaskError, ray.exceptions.GetTimeoutError)
 
 
 def actor_name(job: str) -> str:
@@ -193,7 +196,7 @@ class RolloutStream:
             try:
                 return fn()
             except EXECUTOR_LOST as e:
-                if isinstance(e, ray.exceptions.RayTaskError):  # the actor's own error (its type may be an OSError)
+                if isinstance(e, NOT_LOST):
                     raise
                 lost_at = time.monotonic() if lost_at is None else lost_at
                 left = self.reconnect_timeout_s - (time.monotonic() - lost_at)

@@ -222,3 +222,19 @@ def test_an_error_raised_by_the_actor_itself_is_not_retried(
     with pytest.raises(ray.exceptions.RayTaskError):
         stream.stats()
     assert stream.reconnects == 0
+
+
+def test_a_call_that_times_out_on_a_live_executor_is_not_taken_for_a_lost_one(
+    fake_ray: FakeRay, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stream = rs.RolloutStream("job", "ray://job-rollout:10001", transport="http")
+    stream.connect()
+    assert isinstance(ray.exceptions.GetTimeoutError(), OSError)
+
+    def slow(ref: Any, timeout: float | None = None) -> Any:
+        raise ray.exceptions.GetTimeoutError("Get timed out")
+
+    monkeypatch.setattr(ray, "get", slow)
+    with pytest.raises(ray.exceptions.GetTimeoutError):
+        stream.stats()
+    assert stream.reconnects == 0
