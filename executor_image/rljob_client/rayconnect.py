@@ -5,7 +5,7 @@ executor's (or the RayCluster's) head, and the executor itself, with `spec.rollo
 to KubeRay's head. Neither can assume the head is up: its pod starts alongside theirs, and a
 Ready pod says nothing about Ray inside it (seen with the real KubeRay: the head took 35 s on
 2 busy cores, and its first per-connection client server died at start). A failed attempt is
-retried on a fresh connection, with a growing pause, until the deadline or `attempts`.
+retried on a fresh connection (`retry_deadline.retry_until`) until the deadline.
 """
 
 from __future__ import annotations
@@ -17,22 +17,32 @@ from typing import Any
 
 import ray
 
+from rljob_client.retry_deadline import DeadlineExpired, retry_until
+
 
 class RayConnectError(ConnectionError):
     """Ray Client could not connect before the deadline."""
 
 
-def init_ray(address: str, namespace: str, deadline: float, attempts: int | None = None, **kwargs: Any) -> None:
+def init_ray(address: str, namespace: str, deadline: float, **kwargs: Any) -> None:
     """`ray.init(address, namespace, ...)`, retried; `deadline` is a `time.monotonic()` value."""
-    attempt = 0
-    while True:
-        attempt += 1
-        try:
-            ray.init(address=address, namespace=namespace, logging_level=logging.WARNING, **kwargs)
-            return
-        except (ConnectionError, ConnectionAbortedError) as e:
-            if (attempts is not None and attempt >= attempts) or time.monotonic() > deadline:
-                raise RayConnectError(f"cannot connect to {address} after {attempt} attempts: {e}") from e
-            with contextlib.suppress(Exception):
-                ray.shutdown()
-            time.sleep(min(2.0 * attempt, 10.0))
+
+    def once() -> None:
+        ray.init(address=address, namespace=namespace, logging_level=logging.WARNING, **kwargs)
+
+    def between(_attempt: int, _exc: BaseException) -> None:
+        with contextlib.suppress(Exception):  # a half-made client session is not reused
+            ray.shutdown()
+
+    try:
+        retry_until(
+            once,
+            seconds=max(0.0, deadline - time.monotonic()),
+            retry_on=(ConnectionError,),
+            what=f"connecting to Ray at {address}",
+            on_retry=between,
+            first_wait=2.0,
+            max_wait=10.0,
+        )
+    except DeadlineExpired as e:
+        raise RayConnectError(str(e)) from e

@@ -122,7 +122,9 @@ class ExecutorActor:
 
     async def _shard_batch(self, rollout_id: int, rank: int, world_size: int) -> TrainBatch:
         ref = await self._shard_ref(rollout_id, rank, world_size)
-        return await ref.ref  # a zero-copy view of the object store copy
+        batch: TrainBatch = await ref.ref  # a zero-copy view of the object store copy
+        self.executor.metrics.shard_served()  # the side channel's own count: its address is the one trainers used
+        return batch
 
     async def generate(self, rollout_id: int) -> None:
         await self.ready()

@@ -48,6 +48,7 @@ from rollout_executor.state import ExecutorState, PendingRollout, load_state, sa
 log = logging.getLogger(__name__)
 
 KEEP_FINISHED_ROLLOUTS = 4
+KEEP_SAVED_STATES = 4  # rollout_<id>.json files kept by the per-rollout saves
 
 
 @dataclass
@@ -269,10 +270,13 @@ class RolloutExecutor:
         ro = self.rollouts.get(rollout_id)
         if ro is None:
             return
+        first_complete = len(ro.fetched_ranks) < world_size <= len(ro.fetched_ranks | {rank})
         ro.fetched_ranks.add(rank)
         done = [r for r, x in self.rollouts.items() if x.batch is not None]
         if len(ro.fetched_ranks) >= world_size:
             ro.samples.clear()
+        if first_complete:
+            self.persist_position(rollout_id)
         for r in done[:-KEEP_FINISHED_ROLLOUTS]:
             self.rollouts.pop(r, None)
 
@@ -360,6 +364,18 @@ class RolloutExecutor:
                         for i, r in sorted(self.rollouts.items()) if i > int(rollout_id))
         return ExecutorState(rollout_id=int(rollout_id), dataset_epoch=pos.epoch, dataset_offset=pos.offset,
                              weight_version=self.versions.current, job=self.config.job, pending=pending)
+
+    def persist_position(self, rollout_id: int) -> None:
+        """With a state dir, save the position after a rollout every rank has taken, so that a
+        replaced executor (its pod deleted) resumes there: its prompts are never handed out again.
+
+        Best effort: a state dir that cannot be written costs that resumption, not the rollout."""
+        if not self.config.state_dir:
+            return
+        try:
+            save_state(self.config.state_dir, self.state_after(rollout_id), keep=KEEP_SAVED_STATES)
+        except OSError as exc:
+            log.warning("rollout %d: saving the dataset position to %s failed: %s", rollout_id, self.config.state_dir, exc)
 
     def save(self, rollout_id: int) -> str:
         """Persist the position after `rollout_id`'s prompts; later rollouts are redone after a restart."""

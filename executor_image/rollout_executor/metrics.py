@@ -49,6 +49,12 @@ SPECS: tuple[MetricSpec, ...] = (
         "rljob_executor_last_batch_reward_mean", "gauge", JOB, "Mean reward of the last delivered batch."
     ),
     MetricSpec(
+        "rljob_executor_shards_served_total",
+        "counter",
+        JOB,
+        "Shards handed to trainer ranks over the HTTP side channel (data_url).",
+    ),
+    MetricSpec(
         "rljob_executor_requests_in_flight",
         "gauge",
         JOB,
@@ -99,9 +105,13 @@ class ExecutorMetrics:
         self._m = built
         built["rljob_executor_max_staleness_versions"].labels(*self.labels).set(max_staleness)
         built["rljob_executor_samples_generated_total"].labels(*self.labels)  # exported from 0 on
+        built["rljob_executor_shards_served_total"].labels(*self.labels)
 
     def sample_scored(self) -> None:
         self._m["rljob_executor_samples_generated_total"].labels(*self.labels).inc()
+
+    def shard_served(self) -> None:
+        self._m["rljob_executor_shards_served_total"].labels(*self.labels).inc()
 
     def batch_delivered(self, lags: Sequence[int], rewards: Sequence[float], seconds: float | None) -> None:
         """A batch was frozen for the trainers: its samples' lags and rewards, how long it took."""

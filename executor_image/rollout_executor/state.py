@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 STATE_FORMAT = 1
+STATE_FILE = re.compile(r"^rollout_(\d+)\.json$")
 
 
 class StateError(ValueError):
@@ -75,12 +77,18 @@ def _write_atomic(path: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def save_state(state_dir: str, state: ExecutorState) -> Path:
+def save_state(state_dir: str, state: ExecutorState, keep: int | None = None) -> Path:
+    """Write `state` and point latest.json at it; with `keep`, only the newest `keep` rollout files stay."""
     root = Path(state_dir)
     root.mkdir(parents=True, exist_ok=True)
     path = root / f"rollout_{state.rollout_id}.json"
     _write_atomic(path, state.to_dict())
     _write_atomic(root / "latest.json", {"file": path.name})
+    if keep is not None:
+        saved = sorted((int(m.group(1)), p) for p in root.iterdir() if (m := STATE_FILE.match(p.name)))
+        for rollout_id, old in saved[:-keep]:
+            if rollout_id != state.rollout_id:
+                old.unlink(missing_ok=True)
     return path
 
 

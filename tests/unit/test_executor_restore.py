@@ -106,3 +106,40 @@ def test_a_foreign_state_is_refused_naming_its_source(tmp_path: Path) -> None:
     (tmp_path / "latest.json").write_text(json.dumps({"file": "rollout_1.json"}))
     with pytest.raises(StateError, match=r"rollout_1\.json has format 9, expected 1"):
         load_state(str(tmp_path))
+
+
+def test_a_replaced_executor_resumes_after_the_last_rollout_every_rank_took(dataset: Path, tmp_path: Path) -> None:
+    """Issue 12: the executor pod is deleted mid-run; its successor must not hand out prompts again."""
+    state_dir = tmp_path / "state"
+    first = executor(dataset, state_dir)
+    trained = [take(first, 0)]
+    generated_ahead = take(first, 1)  # overlap: rollout 1's prompts taken, not yet fetched
+    first.mark_fetched(0, 0, 2)
+    assert load_state(str(state_dir)) is None  # rank 1 has not taken its shard: nothing is final yet
+    first.mark_fetched(0, 1, 2)
+    assert load_state(str(state_dir)) is not None
+
+    second = executor(dataset, state_dir)  # the new pod
+    assert second.load() == 0
+    assert [p.index for p in second.rollouts[1].prompts] == generated_ahead  # regenerated, same prompts
+    trained += [generated_ahead, take(second, 2)]
+    assert trained == expected_order(dataset, 3)
+
+
+def test_per_rollout_saves_keep_only_the_newest_files(dataset: Path, tmp_path: Path) -> None:
+    state_dir = tmp_path / "state"
+    ex = executor(dataset, state_dir)
+    for r in range(7):
+        take(ex, r)
+        ex.mark_fetched(r, 0, 1)
+    assert sorted(p.name for p in state_dir.glob("rollout_*.json")) == [f"rollout_{r}.json" for r in (3, 4, 5, 6)]
+    assert load_state(str(state_dir)).rollout_id == 6  # type: ignore[union-attr]
+
+
+def test_an_unwritable_state_dir_costs_the_resumption_not_the_rollout(dataset: Path, tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    ex = executor(dataset, blocker / "state")
+    take(ex, 0)
+    ex.mark_fetched(0, 0, 1)  # logs a warning, raises nothing
+    assert ex.rollouts[0].fetched_ranks == {0}

@@ -544,3 +544,17 @@ def test_executor_runs_as_the_trainers_service_account_unless_told_otherwise() -
     explicit = executor_deployment(j, URL, service_account_name="rljob-executor")
     assert explicit["spec"]["template"]["spec"]["serviceAccountName"] == "rljob-executor"
     assert "serviceAccountName" not in executor_deployment(job("cpu-process"), URL)["spec"]["template"]["spec"]
+
+
+def test_the_executor_keeps_its_dataset_position_on_shared_storage_only() -> None:
+    """Issue 12: a replaced executor pod resumes from <sharedPath>/<job>/executor, which must outlive the pod."""
+    disk = job("gpu-4x2")
+    cmd = container(executor_deployment(disk, URL)["spec"]["template"])["command"]
+    name, shared = disk["metadata"]["name"], RLJobSpec.model_validate(disk["spec"]).inference.weight_update.shared_path
+    assert cmd[cmd.index("--state-dir") + 1] == f"{shared}/{name}/executor"
+
+    nccl = copy.deepcopy(disk)
+    nccl["spec"]["inference"]["weightUpdate"] = {"method": "nccl"}  # no PVC: sharedPath is the pod's own disk
+    pod = executor_deployment(nccl, URL)["spec"]["template"]
+    assert "--state-dir" not in container(pod)["command"]
+    assert not any(v["name"] == "checkpoints" for v in pod["spec"].get("volumes", []))

@@ -12,17 +12,22 @@ RayCluster's head pod, so trainers use the same address either way.
 
 The executor reads the RLJob itself (hence the automounted ServiceAccount token) and gets
 the addresses it cannot derive on the command line and, redundantly, as environment.
+It saves its dataset position under `<sharedPath>/<job>/executor` (`executor_state_dir`), so a
+replaced executor pod resumes where the last one stopped.
 """
 
 from __future__ import annotations
 
 import json
+import posixpath
 from typing import Any
 
+from controller_runtime.api.spec import WeightUpdateMethod
 from rljob_operator import labels as L
 from rljob_operator.manifests.job import JobView
 from rljob_operator.manifests.podsecurity import restricted_container, restricted_pod
 from rljob_operator.manifests.podspec import (
+    checkpoints_volume,
     container_resources,
     dataset_path,
     dataset_volume,
@@ -62,7 +67,22 @@ def executor_command(view: JobView, controller_url: str) -> list[str]:
     ]  # fmt: skip
     if view.spec.rollout.ray_cluster is not None:
         cmd += ["--ray-address", rollout_address(view)]
+    state_dir = executor_state_dir(view)
+    if state_dir is not None:
+        cmd += ["--state-dir", state_dir]
     return cmd
+
+
+def executor_state_dir(view: JobView) -> str | None:
+    """Where the executor saves its dataset position after every rollout all ranks took:
+    `<sharedPath>/<job>/executor`, beside the trainer's checkpoints, so that a replaced executor
+    pod resumes there instead of handing out the first prompts again. Only where sharedPath is
+    shared storage (a PVC, or disk weight sync, which needs one): elsewhere it would be the
+    pod's own filesystem, lost with the pod."""
+    wu = view.spec.inference.weight_update
+    if wu.pvc is None and wu.method is not WeightUpdateMethod.disk:
+        return None
+    return posixpath.join(wu.shared_path, view.name, "executor")
 
 
 def executor_spec_json(view: JobView) -> str:
@@ -104,7 +124,11 @@ def executor_deployment(
     view = JobView.of(job)
     name = rollout_name(view.name)
     selector = L.role_selector(view.name, L.ROLE_ROLLOUT)
-    vols, mounts = volumes(model_volume(view.spec.model), dataset_volume(view.spec.rollout.dataset))
+    vols, mounts = volumes(
+        model_volume(view.spec.model),
+        dataset_volume(view.spec.rollout.dataset),
+        checkpoints_volume(view.spec.inference.weight_update, read_only=False),  # the state dir
+    )
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": view.spec.rollout.image,
