@@ -33,20 +33,21 @@ import math
 import os
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the cluster and operator harnesses live with the tests
 
-from tests.cluster.fixtures import Cluster, cluster_netns, env_value  # noqa: E402
+from bench.benchcluster import bench_namespace, open_cluster  # noqa: E402
+from tests.cluster.fixtures import Cluster  # noqa: E402
 from tests.integration.operator_harness import (  # noqa: E402
     PID_ANNOTATION,
     Kube,
@@ -90,6 +91,8 @@ class Trial:
     fault: str
     at: float  # monotonic time of the signal
     pid: int
+    at_wall: float = 0.0  # the same moment on the wall clock (the operator's audit log)
+    decided: float | None = None  # the controller marked it Unhealthy (audit log), monotonic
     unhealthy: float | None = None
     pod_created: float | None = None
     pending_weights: float | None = None
@@ -99,8 +102,8 @@ class Trial:
         def since(t: float | None) -> float | None:
             return None if t is None else round(t - self.at, 3)
 
-        return {"unhealthy": since(self.unhealthy), "pod_created": since(self.pod_created),
-                "pending_weights": since(self.pending_weights)}  # fmt: skip
+        return {"unhealthy_decided": since(self.decided), "unhealthy": since(self.unhealthy),
+                "pod_created": since(self.pod_created), "pending_weights": since(self.pending_weights)}  # fmt: skip
 
 
 @dataclass
@@ -202,7 +205,7 @@ def percentile(values: list[float], q: float) -> float:
 
 def summarize(trials: list[Trial], limit: float) -> dict[str, Any]:
     out: dict[str, Any] = {"trials": len(trials), "limit_s": limit}
-    for part in ("unhealthy", "pod_created", "pending_weights"):
+    for part in ("unhealthy_decided", "unhealthy", "pod_created", "pending_weights"):
         values = [v for v in (tr.seconds()[part] for tr in trials) if v is not None]
         if not values:
             out[part] = None
@@ -217,6 +220,24 @@ def summarize(trials: list[Trial], limit: float) -> dict[str, Any]:
     out["skipped_unhealthy"] = sum(tr.skipped_unhealthy for tr in trials)
     out["raw_s"] = [tr.seconds() for tr in trials]
     return out
+
+
+def read_decisions(log_path: Path, trials: list[Trial]) -> None:
+    """When the controller marked each trial's cell Unhealthy: its audit lines in the operator's log
+    (wall clock, ms), so the moment is the decision, not the later status write the watch sees."""
+    marks: list[tuple[float, str, int]] = []
+    for line in log_path.read_text(errors="replace").splitlines():
+        if not line.startswith("{") or '"cell_transition"' not in line:
+            continue
+        with contextlib.suppress(ValueError, KeyError):
+            rec = json.loads(line)
+            if rec.get("to") in UNHEALTHY_STATES:
+                ts = datetime.fromisoformat(rec["timestamp"].replace("Z", "+00:00")).timestamp()
+                marks.append((ts, rec["source"]["cell"], int(rec["generation"])))
+    for tr in trials:
+        hit = next((ts for ts, cell, gen in marks if cell == tr.cell and gen == tr.generation and ts >= tr.at_wall - 0.01), None)
+        if hit is not None:
+            tr.decided = tr.at + (hit - tr.at_wall)
 
 
 def heal_job(name: str, setting: Setting, cells: int) -> dict[str, Any]:
@@ -260,15 +281,16 @@ def run_setting(cluster: Cluster, namespace: str, log_dir: Path, setting: Settin
                     delay = round_start + j * setting.interval / k - time.monotonic()
                     if delay > 0:
                         time.sleep(delay)
-                    at = time.monotonic()
+                    at, at_wall = time.monotonic(), time.time()
                     os.kill(pids[cell], SIGNALS[fault])
                     if fault == "hang":
                         stopped.append(pids[cell])
-                    batch.append(Trial(cell, snap[cell][0], fault, at, pids[cell]))
+                    batch.append(Trial(cell, snap[cell][0], fault, at, pids[cell], at_wall))
                 budget = setting.limit(fault) + setting.interval + 120
                 wait_for(lambda b=batch: all(rec.resolve(tr) for tr in b), budget, interval=0.5,
                          what=f"{fault} round of {name}: every faulted cell PendingWeights again")  # fmt: skip
                 done += batch
+            read_decisions(op.log_path, done)
             results[fault] = summarize(done, setting.limit(fault))
     finally:
         rec.stop()
@@ -282,15 +304,16 @@ def run_setting(cluster: Cluster, namespace: str, log_dir: Path, setting: Settin
 
 
 def bench(cluster: Cluster, namespace: str, settings: list[Setting], trials: list[int], faults: list[str],
-          cells: int) -> dict[str, Any]:  # fmt: skip
+          cells: int, log_dir: str | None = None) -> dict[str, Any]:  # fmt: skip
     install_crd(cluster)
     out: dict[str, Any] = {"cells": cells, "faults": faults, "settings": {}}
     with tempfile.TemporaryDirectory(prefix="heal-bench-") as d:
         for setting, n in zip(settings, trials, strict=True):
             started = time.monotonic()
-            res = run_setting(cluster, namespace, Path(d), setting, faults, n, cells)
+            res = run_setting(cluster, namespace, Path(log_dir or d), setting, faults, n, cells)
             res["wall_s"] = round(time.monotonic() - started, 1)
             out["settings"][setting.name] = res
+            print(f"heal_bench: {setting.name} done: {json.dumps(res)}", file=sys.stderr, flush=True)
     return out
 
 
@@ -305,34 +328,6 @@ def summary_line(result: dict[str, Any]) -> str:
     return "heal_bench: death -> PendingWeights: " + "; ".join(parts)
 
 
-def open_cluster() -> Cluster:
-    """The test cluster the RLJOB_TESTCLUSTER_* variables name, brought up if it is not running."""
-    env = dict(os.environ)
-    res = subprocess.run([str(ROOT / "tests" / "cluster" / "up")], capture_output=True, text=True, env=env, timeout=900)
-    if res.returncode != 0:
-        raise SystemExit(f"tests/cluster/up failed:\n{res.stderr[-3000:]}")
-    from tests.cluster.fixtures import cache_dir
-
-    cache = cache_dir()
-    bin_dir = env_value(cache, "RLJOB_TESTCLUSTER_BIN")
-    if bin_dir is None:
-        bin_dir = subprocess.run([str(ROOT / "tests" / "cluster" / "build"), "--print"], capture_output=True,
-                                 text=True, check=True).stdout.strip()  # fmt: skip
-    return Cluster(cache / "kubeconfig", Path(bin_dir), cache, netns=cluster_netns(cache))
-
-
-@contextlib.contextmanager
-def bench_namespace(cluster: Cluster, prefix: str) -> Any:
-    ns = f"{prefix}-{uuid.uuid4().hex[:6]}"
-    cluster.kubectl("create", "namespace", ns)
-    wait_for(lambda: cluster.kubectl("-n", ns, "get", "serviceaccount", "default", check=False).returncode == 0,
-             60, what=f"default serviceaccount in {ns}")  # fmt: skip
-    try:
-        yield ns
-    finally:
-        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--settings", nargs="+", default=["1x3", "5x3", "30x3"], help="intervalSeconds x failureThreshold")
@@ -341,6 +336,7 @@ def main() -> int:
     p.add_argument("--cells", type=int, default=8, help="cells of the job (at most as many faulted per round)")
     p.add_argument("--smoke", action="store_true", help="one kill and one hang at 1x2 on 2 cells (what CI runs)")
     p.add_argument("--json-out")
+    p.add_argument("--log-dir", help="keep the operator's logs here")
     args = p.parse_args()
     if args.smoke:
         args.settings, args.trials, args.cells = ["1x2"], [1], 2
@@ -349,7 +345,7 @@ def main() -> int:
     started = time.time()
     cluster = open_cluster()
     with bench_namespace(cluster, "heal-bench") as ns:
-        result = bench(cluster, ns, [Setting.parse(s) for s in args.settings], args.trials, args.faults, args.cells)
+        result = bench(cluster, ns, [Setting.parse(s) for s in args.settings], args.trials, args.faults, args.cells, args.log_dir)
     result["wall_s"] = round(time.time() - started, 1)
     text = json.dumps(result, indent=1)
     print(text)

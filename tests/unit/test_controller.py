@@ -404,6 +404,25 @@ async def test_hanging_engine_fails_probes_within_the_timeout() -> None:
     assert "timed out after 5 s" in h.cell(0).message
 
 
+async def test_a_hung_engine_holds_up_neither_the_pass_nor_the_other_cells_probes() -> None:
+    """A pass waits for its probes only briefly. It used to wait for the slowest one, so a hung
+    engine held every pass (and the replacement of any other cell) for timeoutSeconds."""
+    h = harness(2)
+    await serve(h)
+    h.engine(0).hang = True
+    h.engine(1).healthy = False
+    await h.clock.advance(10)
+    started = h.clock.now()
+    await with_clock(h.clock, h.ctrl.run_pass(), step=0.1)
+    assert h.clock.now() - started < h.ctrl.spec.health_check.timeout_seconds
+    assert (h.cell(0).consecutive_failures, h.cell(1).consecutive_failures) == (0, 1)  # cell 0's probe still out
+    probes = h.engine(0).health_started
+    await h.ctrl.run_pass()  # no second probe of a cell whose probe is out
+    assert h.engine(0).health_started == probes
+    await h.clock.advance(h.ctrl.spec.health_check.timeout_seconds)
+    assert h.cell(0).consecutive_failures == 1  # the late answer applied itself, without a pass
+
+
 async def test_dead_pod_or_container_restart_marks_the_cell_unhealthy() -> None:
     h = harness(2)
     await serve(h)
