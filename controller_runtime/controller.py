@@ -240,10 +240,25 @@ class InferenceController:
             self.fleet.ensure_cells(CellRole.policy, self.spec.replicas, now)
             self.fleet.ensure_cells(CellRole.eval, eval_replicas(self.spec), now)
             await self._delete_surplus(observed, window_open)
-            for cell in self.fleet.all():
-                await self._reconcile_cell(cell, observed.get(cell.name), window_open)
-                await self.fleet.sync_serving(cell)
+            # Cells are independent: their platform calls go out together, so replacing five
+            # cells costs the API round trips of one, not five in a row.
+            results = await asyncio.gather(
+                *(self._reconcile_and_sync(cell, observed.get(cell.name), window_open) for cell in self.fleet.all()),
+                return_exceptions=True,
+            )
+            failed = [r for r in results if isinstance(r, BaseException)]
+            if failed:
+                raise failed[0]
             return self._next_wakeup()
+
+    async def _reconcile_and_sync(self, cell: Cell, obs: CellObservation | None, window_open: bool) -> None:
+        was_unhealthy = cell.state is S.Unhealthy
+        await self._reconcile_cell(cell, obs, window_open)
+        if not was_unhealthy and cell.state is S.Unhealthy:
+            # Found dead in this pass: stop it now, and recreate it now when no backoff is due,
+            # rather than one pass later.
+            await self._heal(cell, obs, window_open)
+        await self.fleet.sync_serving(cell)
 
     async def _delete_surplus(self, observed: dict[str, CellObservation], window_open: bool) -> None:
         """Cells beyond spec.replicas (and unknown cells the platform holds) are deleted, outside windows."""
@@ -406,7 +421,7 @@ class InferenceController:
         async with self.fleet.mutex:
             due = [(c, self.fleet.client(c)) for c in self.fleet.all()
                    if c.name not in self._probing and self.health.wants_probe(c) and self.health.is_due(c.name)]
-            started = [self._start_probe(c, client) for c, client in due]
+            started = [self._start_probe(c, client) for c, client in due]  # each: its first answer applied
         if not started:
             return
         if wait is None:
@@ -420,28 +435,42 @@ class InferenceController:
             timer.cancel()
             answered.cancel()  # stops the waiting only: the probes go on and apply themselves
 
-    def _start_probe(self, cell: Cell, client: EngineClient) -> asyncio.Task[None]:
+    def _start_probe(self, cell: Cell, client: EngineClient) -> asyncio.Future[None]:
         self._probe_deadline[cell.name] = self.clock.now() + self.spec.health_check.timeout_seconds
-        task = asyncio.ensure_future(self._probe_and_apply(cell, client))
-        self._probing[cell.name] = task
-        return task
+        answered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._probing[cell.name] = asyncio.ensure_future(self._probe_and_apply(cell, client, answered))
+        return answered
 
-    async def _probe_and_apply(self, cell: Cell, client: EngineClient) -> None:
+    async def _probe_and_apply(self, cell: Cell, client: EngineClient, answered: asyncio.Future[None]) -> None:
+        """Probe, apply; while the cell fails (or is still starting), probe it again when due,
+        on its own: counting failures to the threshold must not wait for passes, which a busy
+        API server makes slow."""
         try:
-            outcome = await self.health.probe(cell, client)
-            async with self.fleet.mutex:
-                current = self.fleet.get(outcome.cell)
-                if current is not None and current.state in (S.Starting, S.PendingWeights, S.Serving):
-                    self._apply_probe(current, outcome)
+            while True:
+                outcome = await self.health.probe(cell, client)
+                async with self.fleet.mutex:
+                    current = self.fleet.get(outcome.cell)
+                    if current is None or current.state not in (S.Starting, S.PendingWeights, S.Serving):
+                        return
+                    verdict = self._apply_probe(current, outcome)
                     await self.fleet.sync_serving(current)
+                    if not answered.done():
+                        answered.set_result(None)
+                    if verdict is not Verdict.failing or not self.health.wants_probe(current):
+                        return
+                    wait = self.health.seconds_until_due(current.name)
+                self._probe_deadline[cell.name] = self.clock.now() + wait + self.spec.health_check.timeout_seconds
+                await self.clock.sleep(wait)
         except Exception:
             log.exception("health probe of %s failed to apply", cell.name)
         finally:
+            if not answered.done():
+                answered.set_result(None)
             if self._probing.get(cell.name) is asyncio.current_task():
                 del self._probing[cell.name]
                 self._probe_deadline.pop(cell.name, None)
 
-    def _apply_probe(self, cell: Cell, outcome: ProbeOutcome) -> None:
+    def _apply_probe(self, cell: Cell, outcome: ProbeOutcome) -> Verdict:
         verdict = self.health.record(cell, outcome)
         if verdict is Verdict.healthy and cell.state is S.Starting:
             if self._may_serve_initial_weights(cell):
@@ -453,6 +482,7 @@ class InferenceController:
         elif verdict is Verdict.unhealthy:
             self._mark_unhealthy(
                 cell, f"{cell.consecutive_failures} consecutive failed probes; last: {outcome.error}")
+        return verdict
 
     def _may_serve_initial_weights(self, cell: Cell) -> bool:
         return (self.serve_initial_weights and cell.name in self.fleet.cells and cell.generation == 0

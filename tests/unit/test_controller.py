@@ -423,6 +423,19 @@ async def test_a_hung_engine_holds_up_neither_the_pass_nor_the_other_cells_probe
     assert h.cell(0).consecutive_failures == 1  # the late answer applied itself, without a pass
 
 
+async def test_a_failing_cell_is_probed_again_when_due_without_waiting_for_a_pass() -> None:
+    """Failures are counted to the threshold on the cell's own schedule: passes are slow when the
+    API server is, and the threshold used to be reached only as fast as passes came."""
+    h = harness(1)
+    await serve(h)
+    h.engine(0).healthy = False
+    await h.clock.advance(10)
+    await h.ctrl.probe_health()
+    assert h.cell(0).consecutive_failures == 1
+    await h.clock.advance(10)  # no pass, no probe_health call
+    assert h.cell(0).state == S.Unhealthy
+
+
 async def test_dead_pod_or_container_restart_marks_the_cell_unhealthy() -> None:
     h = harness(2)
     await serve(h)
@@ -693,6 +706,50 @@ async def test_run_loop_survives_platform_errors() -> None:
     await asyncio.wait_for(task, 5)
 
 
+class GatedPlatform(FakePlatform):
+    """create_cell waits at `gate`; `most` is how many creations were in flight at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.in_flight = self.most = 0
+
+    async def create_cell(self, request: CellRequest) -> None:
+        self.in_flight += 1
+        self.most = max(self.most, self.in_flight)
+        try:
+            await self.gate.wait()
+        finally:
+            self.in_flight -= 1
+        await super().create_cell(request)
+
+
+async def test_dead_cells_are_replaced_together_not_one_after_another() -> None:
+    """A pass replaces its dead cells at once: each replacement is platform round trips (several
+    API calls on Kubernetes), and made one after another they added up to seconds under load."""
+    platform = GatedPlatform()
+    h = harness(3, platform=platform)
+    await serve(h)
+    for i in range(3):
+        h.platform.fail_pod(f"demo-cell-{i}")
+    await h.ctrl.reconcile()
+    assert h.states() == [S.Unhealthy] * 3 and sorted(h.platform.deleted) == [f"demo-cell-{i}" for i in range(3)]
+    await h.clock.advance(5)  # the backoff
+    platform.gate.clear()
+    replacing = asyncio.ensure_future(h.ctrl.reconcile())
+    try:
+        for _ in range(100):
+            if platform.in_flight == 3:
+                break
+            await asyncio.sleep(0)
+        assert platform.most == 3
+    finally:
+        platform.gate.set()
+        await replacing
+    assert [h.platform.generation_of(f"demo-cell-{i}") for i in range(3)] == [1, 1, 1]
+
+
 class HangingPlatform(FakePlatform):
     """A platform whose observe_cells never answers while `hang` is set."""
 
@@ -851,8 +908,8 @@ async def test_probe_in_flight_across_offload_and_resume_is_discarded() -> None:
     await h.ctrl.probe_health()
     assert h.cell(0).consecutive_failures == 1  # one more failure would make it Unhealthy
     engine.health_gate = asyncio.Event()
-    await h.clock.advance(10)
     started = engine.health_started
+    await h.clock.advance(10)  # the failing cell's next probe is due (it starts on its own, or here:)
     probing = asyncio.create_task(h.ctrl.probe_health())
     for _ in range(1000):
         if engine.health_started > started:
@@ -863,4 +920,6 @@ async def test_probe_in_flight_across_offload_and_resume_is_discarded() -> None:
     await h.ctrl.onload(["kv_cache"])  # resume: epoch moves on again
     engine.health_gate.set()
     await asyncio.wait_for(probing, 5)
+    for _ in range(100):  # the in-flight probe answers and is applied (or discarded)
+        await asyncio.sleep(0)
     assert h.cell(0).state == S.Serving and h.cell(0).consecutive_failures == 1
