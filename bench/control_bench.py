@@ -160,6 +160,27 @@ async def measure_job(api_url: str, namespace: str, job: str, token: str, endpoi
             await c.close()
 
 
+def server_seconds(metrics_text: str) -> dict[str, tuple[float, float]]:
+    """(sum, count) per verb of the operator's own rljob_controller_api_duration_seconds."""
+    out: dict[str, list[float]] = {}
+    for line in metrics_text.splitlines():
+        for suffix, slot in (("_sum{", 0), ("_count{", 1)):
+            if line.startswith("rljob_controller_api_duration_seconds" + suffix):
+                verb = line.split('verb="', 1)[1].split('"', 1)[0]
+                out.setdefault(verb, [0.0, 0.0])[slot] = float(line.rsplit(" ", 1)[1])
+    return {v: (s, c) for v, (s, c) in out.items()}
+
+
+def server_means_ms(before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]) -> dict[str, float]:
+    """Mean seconds the operator spent per call between two scrapes (warm-up included), in ms."""
+    out = {}
+    for verb, (s, c) in after.items():
+        s0, c0 = before.get(verb, (0.0, 0.0))
+        if c > c0:
+            out[verb] = round((s - s0) / (c - c0) * 1e3, 2)
+    return out
+
+
 def run_job(cluster: Cluster, kube: Kube, op: OperatorProcess, token: str, job: dict[str, Any], iters: int,
             ready_timeout: float) -> dict[str, Any]:  # fmt: skip
     name, cells = job["metadata"]["name"], job["spec"]["inference"]["replicas"]
@@ -168,7 +189,10 @@ def run_job(cluster: Cluster, kube: Kube, op: OperatorProcess, token: str, job: 
         wait_for(lambda: kube.status(name).get("ready") == f"{cells}/{cells}", ready_timeout, interval=0.5,
                  what=f"{name}: {cells} cells serving")  # fmt: skip
         endpoints = [e["endpoint"] for e in kube.status(name)["engines"]]
-        return asyncio.run(measure_job(op.api, kube.ns, name, token, endpoints, iters))
+        before = server_seconds(op.metrics())
+        res = asyncio.run(measure_job(op.api, kube.ns, name, token, endpoints, iters))
+        res["server_mean_ms"] = server_means_ms(before, server_seconds(op.metrics()))
+        return res
     finally:
         cluster.kubectl("delete", "rljob", name, "-n", kube.ns, "--wait=true", "--timeout=120s", check=False)
 

@@ -33,10 +33,12 @@ import math
 import os
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.request
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -50,8 +52,10 @@ from bench.benchcluster import bench_namespace, open_cluster  # noqa: E402
 from tests.cluster.fixtures import Cluster  # noqa: E402
 from tests.integration.operator_harness import (  # noqa: E402
     PID_ANNOTATION,
+    STANDIN_DIR,
     Kube,
     OperatorProcess,
+    free_port,
     install_crd,
     make_rljob,
     release_rljobs,
@@ -203,7 +207,7 @@ def percentile(values: list[float], q: float) -> float:
     return s[max(0, math.ceil(q / 100 * len(s)) - 1)]
 
 
-def summarize(trials: list[Trial], limit: float) -> dict[str, Any]:
+def summarize(trials: list[Trial], limit: float, engine_start: float = 0.0) -> dict[str, Any]:
     out: dict[str, Any] = {"trials": len(trials), "limit_s": limit}
     for part in ("unhealthy_decided", "unhealthy", "pod_created", "pending_weights"):
         values = [v for v in (tr.seconds()[part] for tr in trials) if v is not None]
@@ -217,6 +221,10 @@ def summarize(trials: list[Trial], limit: float) -> dict[str, Any]:
     pw = out.get("pending_weights")
     out["target_s"] = limit + TARGET_SLACK_S
     out["target_met"] = bool(pw and pw["p99_s"] <= limit + TARGET_SLACK_S)
+    # The replacement's own start-up (a lone stand-in, measured in the same run) is the engine's, not
+    # the operator's: the operator's part is met when what is left of p99 is within the target.
+    out["engine_start_s"] = engine_start
+    out["target_met_less_engine_start"] = bool(pw and pw["p99_s"] - engine_start <= limit + TARGET_SLACK_S)
     out["skipped_unhealthy"] = sum(tr.skipped_unhealthy for tr in trials)
     out["raw_s"] = [tr.seconds() for tr in trials]
     return out
@@ -256,7 +264,7 @@ def engine_pid(kube: Kube, cell: str, generation: int) -> int:
 
 
 def run_setting(cluster: Cluster, namespace: str, log_dir: Path, setting: Setting, faults: list[str],
-                trials: int, cells: int) -> dict[str, Any]:  # fmt: skip
+                trials: int, cells: int, per_round: int, engine_start: float) -> dict[str, Any]:  # fmt: skip
     """One job with `cells` cells under one operator; `trials` faults of each kind, in rounds."""
     kube = Kube(cluster, namespace)
     name = f"heal-{setting.name.replace('.', '-')}".lower()
@@ -267,13 +275,14 @@ def run_setting(cluster: Cluster, namespace: str, log_dir: Path, setting: Settin
     try:
         kube.apply(heal_job(name, setting, cells))
         wait_for(lambda: kube.status(name).get("ready") == f"{cells}/{cells}", 180, what=f"{name}: all cells serving")
-        per_round = min(cells, trials)
+        per_round = min(cells, trials, per_round)
         for fault in faults:
             done: list[Trial] = []
             while len(done) < trials:
                 k = min(per_round, trials - len(done))
                 snap = rec.latest()
-                targets = sorted(snap)[:k]
+                first = (len(done) // k * k) % cells  # rotate through the cells round by round
+                targets = [sorted(snap)[(first + j) % cells] for j in range(k)]
                 pids = {c: engine_pid(kube, c, snap[c][0]) for c in targets}
                 round_start = time.monotonic()
                 batch: list[Trial] = []
@@ -291,7 +300,7 @@ def run_setting(cluster: Cluster, namespace: str, log_dir: Path, setting: Settin
                          what=f"{fault} round of {name}: every faulted cell PendingWeights again")  # fmt: skip
                 done += batch
             read_decisions(op.log_path, done)
-            results[fault] = summarize(done, setting.limit(fault))
+            results[fault] = summarize(done, setting.limit(fault), engine_start)
     finally:
         rec.stop()
         for pid in stopped:  # a stopped engine the agent has not reaped yet
@@ -303,14 +312,36 @@ def run_setting(cluster: Cluster, namespace: str, log_dir: Path, setting: Settin
     return results
 
 
+def engine_start_seconds(runs: int = 3) -> list[float]:
+    """Spawn -> first /health answer of one stand-in engine on loopback, alone: what a replacement's
+    own start-up costs on this machine, apart from the operator (the pod's process, the same argv)."""
+    out = []
+    for _ in range(runs):
+        port = free_port()
+        started = time.monotonic()
+        proc = subprocess.Popen([sys.executable, str(STANDIN_DIR / "rljob_engine_standin.py"), "--host", "127.0.0.1",
+                                 "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        try:
+            wait_for(lambda p=port: urllib.request.urlopen(f"http://127.0.0.1:{p}/health", timeout=1).status == 200,
+                     60, interval=0.05, what="stand-in engine answering")  # fmt: skip
+            out.append(round(time.monotonic() - started, 3))
+        finally:
+            proc.kill()
+            proc.wait(timeout=10)
+    return out
+
+
 def bench(cluster: Cluster, namespace: str, settings: list[Setting], trials: list[int], faults: list[str],
-          cells: int, log_dir: str | None = None) -> dict[str, Any]:  # fmt: skip
+          cells: int, log_dir: str | None = None, per_round: int = 4) -> dict[str, Any]:  # fmt: skip
     install_crd(cluster)
-    out: dict[str, Any] = {"cells": cells, "faults": faults, "settings": {}}
+    starts = engine_start_seconds()
+    out: dict[str, Any] = {"cells": cells, "faults": faults, "per_round": per_round, "settings": {},
+                           "engine_start_s": starts}  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="heal-bench-") as d:
         for setting, n in zip(settings, trials, strict=True):
             started = time.monotonic()
-            res = run_setting(cluster, namespace, Path(log_dir or d), setting, faults, n, cells)
+            res = run_setting(cluster, namespace, Path(log_dir or d), setting, faults, n, cells, per_round,
+                              statistics.median(starts))  # fmt: skip
             res["wall_s"] = round(time.monotonic() - started, 1)
             out["settings"][setting.name] = res
             print(f"heal_bench: {setting.name} done: {json.dumps(res)}", file=sys.stderr, flush=True)
@@ -324,7 +355,8 @@ def summary_line(result: dict[str, Any]) -> str:
             r = res[fault]
             pw = r["pending_weights"]
             parts.append(f"{name} {fault} p50 {pw['p50_s']:.1f} s p99 {pw['p99_s']:.1f} s (limit {r['limit_s']:g} s, "
-                         f"{'met' if r['target_met'] else 'MISSED'})")  # fmt: skip
+                         f"{'met' if r['target_met'] else 'MISSED'}; less the engine's start-up "
+                         f"{'met' if r['target_met_less_engine_start'] else 'MISSED'})")  # fmt: skip
     return "heal_bench: death -> PendingWeights: " + "; ".join(parts)
 
 
@@ -333,7 +365,8 @@ def main() -> int:
     p.add_argument("--settings", nargs="+", default=["1x3", "5x3", "30x3"], help="intervalSeconds x failureThreshold")
     p.add_argument("--trials", type=int, nargs="+", default=[20, 20, 5], help="faults of each kind per setting")
     p.add_argument("--faults", nargs="+", default=["kill", "hang"], choices=sorted(SIGNALS))
-    p.add_argument("--cells", type=int, default=8, help="cells of the job (at most as many faulted per round)")
+    p.add_argument("--cells", type=int, default=8, help="cells of the job")
+    p.add_argument("--per-round", type=int, default=4, help="cells faulted per round, staggered over one interval")
     p.add_argument("--smoke", action="store_true", help="one kill and one hang at 1x2 on 2 cells (what CI runs)")
     p.add_argument("--json-out")
     p.add_argument("--log-dir", help="keep the operator's logs here")
@@ -345,7 +378,8 @@ def main() -> int:
     started = time.time()
     cluster = open_cluster()
     with bench_namespace(cluster, "heal-bench") as ns:
-        result = bench(cluster, ns, [Setting.parse(s) for s in args.settings], args.trials, args.faults, args.cells, args.log_dir)
+        result = bench(cluster, ns, [Setting.parse(s) for s in args.settings], args.trials, args.faults, args.cells, args.log_dir,
+                       args.per_round)  # fmt: skip
     result["wall_s"] = round(time.time() - started, 1)
     text = json.dumps(result, indent=1)
     print(text)
