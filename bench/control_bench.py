@@ -112,6 +112,24 @@ class Timer:
         return out
 
 
+def api_write_ms(cluster: Cluster, namespace: str, iters: int) -> dict[str, float]:
+    """One merge patch of a ConfigMap through the API server, from this process: the cost of the
+    status write every writing verb makes before it answers (a window makes two), in the same run."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(cluster.api())
+    name = "control-bench-write"
+    core.create_namespaced_config_map(namespace, {"metadata": {"name": name}, "data": {"n": "0"}})
+    seconds = []
+    for i in range(WARMUP + iters):
+        t0 = time.perf_counter()
+        core.patch_namespaced_config_map(name, namespace, {"data": {"n": str(i)}})
+        if i >= WARMUP:
+            seconds.append(time.perf_counter() - t0)
+    core.delete_namespaced_config_map(name, namespace)
+    return stats_ms(seconds)
+
+
 async def measure_job(api_url: str, namespace: str, job: str, token: str, endpoints: list[str], iters: int) -> dict[str, Any]:
     """The trainer's calls on one job, each paired with its direct counterpart."""
     ctl = InferenceControllerClient(api_url, job, namespace, token=token, token_file=None, holder="bench-trainer")
@@ -217,6 +235,7 @@ def bench(cluster: Cluster, namespace: str, cells: list[int], iters: int, vllm: 
                 res = run_job(cluster, kube, op, token, job, iters, 600 if key == "ctl-vllm" else 180)
                 res["n_cells"] = job["spec"]["inference"]["replicas"]
                 res["engine"] = "vllm" if key == "ctl-vllm" else "standin"
+                res["api_write"] = api_write_ms(cluster, namespace, iters)  # right after the job's calls
                 out["jobs"][key] = res
         finally:
             op.stop()
@@ -232,7 +251,8 @@ def summary_line(result: dict[str, Any]) -> str:
     for key, r in result["jobs"].items():
         parts.append(f"{key} ({r['engine']}): window +{r['window']['added']['p50_ms']:.1f} ms p50 "
                      f"(p99 {r['window']['added']['p99_ms']:.1f}), offload +{r['offload']['added']['p50_ms']:.1f}, "
-                     f"onload +{r['onload']['added']['p50_ms']:.1f}, cells {r['cells']['api']['p50_ms']:.1f} ms")  # fmt: skip
+                     f"onload +{r['onload']['added']['p50_ms']:.1f}, cells {r['cells']['api']['p50_ms']:.1f} ms, "
+                     f"one API write {r['api_write']['p50_ms']:.1f} ms")  # fmt: skip
     verdict = "met" if result["target_met"] else "MISSED"
     return f"control_bench: added latency p50: {'; '.join(parts)}; target <= {TARGET_ADDED_MS:g} ms {verdict}"
 

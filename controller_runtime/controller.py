@@ -654,8 +654,7 @@ class InferenceController:
             self.fleet.weight_version = version
             self.lock.release()
             self.health.resume(PAUSE_WINDOW)
-            for cell in served:
-                await self.fleet.sync_serving(cell)
+            await self.fleet.sync_serving_all(served)
             took = self.clock.now() - lock.since
             self.fleet.record("weights_updated", version=version, cells=[c.name for c in served],
                              seconds=round(took, 3), holder=lock.holder)

@@ -750,6 +750,45 @@ async def test_dead_cells_are_replaced_together_not_one_after_another() -> None:
     assert [h.platform.generation_of(f"demo-cell-{i}") for i in range(3)] == [1, 1, 1]
 
 
+class GatedLabelPlatform(FakePlatform):
+    """set_serving waits at `gate`; `most` is how many label changes were in flight at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.in_flight = self.most = 0
+
+    async def set_serving(self, name: str, serving: bool) -> None:
+        self.in_flight += 1
+        self.most = max(self.most, self.in_flight)
+        try:
+            await self.gate.wait()
+        finally:
+            self.in_flight -= 1
+        await super().set_serving(name, serving)
+
+
+async def test_offload_relabels_every_cell_at_once() -> None:
+    """An offload takes every cell out of serving: a label patch (or two API calls) per cell, all at
+    once; one after another they made the offload of 16 engines half a second slower than the engines."""
+    platform = GatedLabelPlatform()
+    h = harness(3, platform=platform)
+    await serve(h)
+    platform.gate.clear()
+    offload = asyncio.ensure_future(h.ctrl.offload([MemoryTag.weights]))
+    try:
+        for _ in range(100):
+            if platform.in_flight == 3:
+                break
+            await asyncio.sleep(0)
+        assert platform.most == 3
+    finally:
+        platform.gate.set()
+        await offload
+    assert [h.platform.serving[f"demo-cell-{i}"] for i in range(3)] == [False] * 3
+
+
 class HangingPlatform(FakePlatform):
     """A platform whose observe_cells never answers while `hang` is set."""
 
