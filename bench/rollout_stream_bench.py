@@ -13,8 +13,8 @@ rounds per mode, medians reported (other jobs on the machine make single runs no
                shard put into the object store and read back from there before it is sent
   client_ray   RolloutStream over Ray Client, ray.get of the ObjectRef (proxied by the client server)
   direct       a driver on the head node: ray.get of the ObjectRef (object store, zero-copy)
-  raw_tcp      the same encoded bytes over a bare loopback TCP socket from a thread of the bench
-               (no HTTP, actor nor object store): the ceiling of any socket path on this machine
+  raw_tcp      the same encoded bytes over a bare loopback TCP socket from a server process of its
+               own (no HTTP, actor nor object store): the ceiling of any socket path on this machine
 
 MiB/s counts the shard's array bytes per second of wall time, "shard in hand" (decoded
 TrainBatch). Prints one JSON object, then a one-line summary with client_http / direct.
@@ -78,31 +78,35 @@ print(json.dumps({"transport": "raw_tcp", "seconds": dt, "batches": iters, "byte
 """
 
 
-def serve_raw(batch: Any) -> tuple[int, int]:
-    """A plain TCP server (a thread) that sends the encoded batch per 1-byte request: the floor of
-    any socket path (no HTTP, no actor, no object store), as the side channel's socket is set up."""
-    import socket
-    import threading
+RAW_SERVER = r"""
+import socket, sys
+sys.path.insert(0, sys.argv[1])
+from bench.rollout_stream_bench import synthetic_batch
+from rljob_client.trainbatch import encode, encoded_size
+parts = encode(synthetic_batch(float(sys.argv[2]), 0))
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen(4)
+print(srv.getsockname()[1], encoded_size(parts), flush=True)
+while True:
+    conn, _ = srv.accept()
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    with conn:
+        while conn.recv(1):
+            for part in parts:
+                conn.sendall(part)
+"""
 
-    from rljob_client.trainbatch import encode, encoded_size
 
-    parts = encode(batch)
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(4)
-
-    def loop() -> None:
-        while True:
-            conn, _ = srv.accept()
-            conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            with conn:
-                while conn.recv(1):
-                    for part in parts:
-                        conn.sendall(part)
-
-    threading.Thread(target=loop, daemon=True).start()
-    return int(srv.getsockname()[1]), encoded_size(parts)
+def serve_raw(mib: float) -> tuple[int, int, subprocess.Popen[str]]:
+    """A plain TCP server process that sends the encoded batch per 1-byte request: the floor of any
+    socket path (no HTTP, no actor, no object store), its socket set up as the side channel's is."""
+    proc = subprocess.Popen([sys.executable, "-c", RAW_SERVER, str(ROOT), str(mib)], stdout=subprocess.PIPE, text=True,
+                            cwd=ROOT)  # fmt: skip
+    assert proc.stdout is not None
+    port, length = proc.stdout.readline().split()
+    return int(port), int(length), proc
 
 
 def synthetic_batch(mib: float, rollout_id: int) -> Any:
@@ -198,7 +202,7 @@ def run(sizes: list[float], iters: int, rounds: int) -> dict[str, Any]:
                                           max_concurrency=100, num_cpus=0).remote(cfg, mib))  # fmt: skip
             ray.get([a.ready.remote() for a in actors])
             per: dict[str, Any] = {"shard_bytes": synthetic_batch(mib, 0).nbytes}
-            raw_port, raw_len = serve_raw(synthetic_batch(mib, 0))
+            raw_port, raw_len, raw_server = serve_raw(mib)
             modes = [("direct", head.address, "ray"), ("client_http", head.client_address, "http"),
                      ("client_http_via_store", head.client_address, "http"),
                      ("client_ray", head.client_address, "ray"), ("raw_tcp", "", "raw")]  # fmt: skip
@@ -229,6 +233,8 @@ def run(sizes: list[float], iters: int, rounds: int) -> dict[str, Any]:
             results["sizes"][f"{mib:g}MiB"] = per
             for a in actors:
                 ray.kill(a, no_restart=True)
+            raw_server.kill()
+            raw_server.wait(timeout=10)
     finally:
         if ray.is_initialized():
             ray.shutdown()

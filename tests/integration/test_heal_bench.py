@@ -13,7 +13,8 @@ pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
 
 
 def test_heal_bench_smoke_sees_every_moment_of_a_kill_and_a_hang(cluster, namespace) -> None:
-    result = bench(cluster, namespace, [Setting(1, 2)], [1], ["kill", "hang"], cells=2)
+    result = bench(cluster, namespace, [Setting(1, 2)], [1], ["kill", "hang"], cells=2, engine_starts=1)
+    assert len(result["engine_start_s"]) == 1 and result["engine_start_s"][0] > 0
     for fault in ("kill", "hang"):
         r = result["settings"]["1x2"][fault]
         assert r["trials"] == 1 and r["limit_s"] == (2 if fault == "kill" else 3)
