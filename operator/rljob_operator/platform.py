@@ -129,12 +129,14 @@ class KubernetesPlatform:
         async def create(pod: dict[str, Any]) -> None:
             await self.kube.call("POST", self._pods_path(), body=pod, ok=(409,))
 
+        self._live_pods.pop(request.name, None)  # new pods: set_serving lists them until observed
         await asyncio.gather(*(create(p) for p in engine_pods(self._job, request)))
 
     async def _delete_pod(self, name: str) -> None:
         await self.kube.call("DELETE", self._pods_path(name), ok=(404,))
 
     async def delete_cell(self, name: str) -> None:
+        self._live_pods.pop(name, None)
         pods = await self._list_pods(L.cell_selector(self._job.name, name))
         names = [p["metadata"]["name"] for p in pods if not p["metadata"].get("deletionTimestamp")]
         await asyncio.gather(*(self._delete_pod(n) for n in names))
