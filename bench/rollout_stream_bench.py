@@ -9,8 +9,12 @@ object store by the actor, as in a real run), after 3 warm-up fetches; `rounds` 
 rounds per mode, medians reported (other jobs on the machine make single runs noisy):
 
   client_http  RolloutStream over Ray Client, shard bytes over the HTTP side channel (default)
+  client_http_via_store  the same, with the actor's side channel as it was before this change: each
+               shard put into the object store and read back from there before it is sent
   client_ray   RolloutStream over Ray Client, ray.get of the ObjectRef (proxied by the client server)
   direct       a driver on the head node: ray.get of the ObjectRef (object store, zero-copy)
+  raw_tcp      the same encoded bytes over a bare loopback TCP socket from a server process of its
+               own (no HTTP, actor nor object store): the ceiling of any socket path on this machine
 
 MiB/s counts the shard's array bytes per second of wall time, "shard in hand" (decoded
 TrainBatch). Prints one JSON object, then a one-line summary with client_http / direct.
@@ -49,6 +53,62 @@ s.close()
 """
 
 
+RAW_TRAINER = r"""
+import json, socket, sys, time
+from rljob_client.trainbatch import decode
+port, length, iters = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+sock = socket.create_connection(("127.0.0.1", port))
+sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+def fetch():
+    sock.sendall(b"x")
+    buf = bytearray(length)
+    view, got = memoryview(buf), 0
+    while got < length:
+        got += sock.recv_into(view[got:])
+    return decode(buf)
+for _ in range(3):
+    fetch()
+nbytes = 0
+t0 = time.perf_counter()
+for _ in range(iters):
+    nbytes += fetch().nbytes
+dt = time.perf_counter() - t0
+print(json.dumps({"transport": "raw_tcp", "seconds": dt, "batches": iters, "bytes": nbytes,
+                  "mib_per_s": nbytes / dt / 2**20, "batches_per_s": iters / dt}))
+"""
+
+
+RAW_SERVER = r"""
+import socket, sys
+sys.path.insert(0, sys.argv[1])
+from bench.rollout_stream_bench import synthetic_batch
+from rljob_client.trainbatch import encode, encoded_size
+parts = encode(synthetic_batch(float(sys.argv[2]), 0))
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen(4)
+print(srv.getsockname()[1], encoded_size(parts), flush=True)
+while True:
+    conn, _ = srv.accept()
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    with conn:
+        while conn.recv(1):
+            for part in parts:
+                conn.sendall(part)
+"""
+
+
+def serve_raw(mib: float) -> tuple[int, int, subprocess.Popen[str]]:
+    """A plain TCP server process that sends the encoded batch per 1-byte request: the floor of any
+    socket path (no HTTP, no actor, no object store), its socket set up as the side channel's is."""
+    proc = subprocess.Popen([sys.executable, "-c", RAW_SERVER, str(ROOT), str(mib)], stdout=subprocess.PIPE, text=True,
+                            cwd=ROOT)  # fmt: skip
+    assert proc.stdout is not None
+    port, length = proc.stdout.readline().split()
+    return int(port), int(length), proc
+
+
 def synthetic_batch(mib: float, rollout_id: int) -> Any:
     """A TrainBatch of about `mib` MiB: 64 rows for 1 MiB, width grows with size."""
     import numpy as np
@@ -82,6 +142,7 @@ def make_actor_class() -> Any:
         def __init__(self, mib: float) -> None:
             self.template = synthetic_batch(mib, 0)
             self.versions = type("V", (), {"current": 0})()
+            self.metrics = type("M", (), {"exposition": staticmethod(lambda: b"")})()  # the side channel's /metrics
 
         async def start(self) -> None:
             return None
@@ -108,10 +169,18 @@ def make_actor_class() -> Any:
             self._token = secrets.token_urlsafe(32)
             self._channel = None
             self._shards = {}
+            self._batches = {}
             self._started = asyncio.Lock()
             self._data_url = None
 
-    return BenchActor
+    class ViaStoreActor(BenchActor):
+        """The side channel as it was before: every shard through the object store (put, then get)."""
+
+        async def _shard_batch(self, rollout_id: int, rank: int, world_size: int) -> Any:
+            ref = await self._shard_ref(rollout_id, rank, world_size)
+            return await ref.ref
+
+    return BenchActor, ViaStoreActor
 
 
 def run(sizes: list[float], iters: int, rounds: int) -> dict[str, Any]:
@@ -123,22 +192,28 @@ def run(sizes: list[float], iters: int, rounds: int) -> dict[str, Any]:
     results: dict[str, Any] = {"ray_version": ray.__version__, "iters": iters, "rounds": rounds, "sizes": {}}
     try:
         ray.init(address=head.address, namespace=ACTOR_NAMESPACE, logging_level="WARNING", log_to_driver=False)
-        actor_cls = ray.remote(make_actor_class())
+        bench_cls, via_store_cls = (ray.remote(c) for c in make_actor_class())
         for mib in sizes:
             job = f"bench-{str(mib).replace('.', '-')}"
-            cfg = ExecutorConfig(job=job, dataset_path="/dev/null", model="none")
-            actor = actor_cls.options(name=actor_name(job), namespace=ACTOR_NAMESPACE, lifetime="detached", max_concurrency=100, num_cpus=0).remote(cfg, mib)
-            ray.get(actor.ready.remote())
+            actors = []
+            for cls, name in ((bench_cls, job), (via_store_cls, job + "-store")):
+                cfg = ExecutorConfig(job=name, dataset_path="/dev/null", model="none")
+                actors.append(cls.options(name=actor_name(name), namespace=ACTOR_NAMESPACE, lifetime="detached",
+                                          max_concurrency=100, num_cpus=0).remote(cfg, mib))  # fmt: skip
+            ray.get([a.ready.remote() for a in actors])
             per: dict[str, Any] = {"shard_bytes": synthetic_batch(mib, 0).nbytes}
-            modes = [("direct", head.address, "ray"), ("client_http", head.client_address, "http"), ("client_ray", head.client_address, "ray")]
+            raw_port, raw_len, raw_server = serve_raw(mib)
+            modes = [("direct", head.address, "ray"), ("client_http", head.client_address, "http"),
+                     ("client_http_via_store", head.client_address, "http"),
+                     ("client_ray", head.client_address, "ray"), ("raw_tcp", "", "raw")]  # fmt: skip
             runs: dict[str, list[dict[str, Any]]] = {m[0]: [] for m in modes}
             base = 0
             for rnd in range(rounds):  # interleaved rounds, order rotated: load from other jobs hits all modes alike
-                for name, address, transport in modes[rnd % 3 :] + modes[: rnd % 3]:
-                    proc = subprocess.run(
-                        [sys.executable, "-c", TRAINER, job, address, transport, str(iters), str(base)],
-                        capture_output=True, text=True, timeout=900, cwd=ROOT,
-                    )  # fmt: skip
+                for name, address, transport in modes[rnd % len(modes) :] + modes[: rnd % len(modes)]:
+                    argv = ([sys.executable, "-c", RAW_TRAINER, str(raw_port), str(raw_len), str(iters)] if transport == "raw"
+                            else [sys.executable, "-c", TRAINER, job + ("-store" if name.endswith("via_store") else ""),
+                                  address, transport, str(iters), str(base)])  # fmt: skip
+                    proc = subprocess.run(argv, capture_output=True, text=True, timeout=900, cwd=ROOT)
                     if proc.returncode != 0:
                         raise RuntimeError(f"{name} trainer failed:\n{proc.stderr[-3000:]}")
                     runs[name].append(json.loads(proc.stdout.strip().splitlines()[-1]))
@@ -150,9 +225,16 @@ def run(sizes: list[float], iters: int, rounds: int) -> dict[str, Any]:
                     "rounds_mib_per_s": [round(r["mib_per_s"], 1) for r in rs],
                 }
             per["ratio_client_http_to_direct"] = per["client_http"]["mib_per_s"] / per["direct"]["mib_per_s"]
+            per["ratio_client_http_via_store_to_direct"] = per["client_http_via_store"]["mib_per_s"] / per["direct"]["mib_per_s"]
             per["ratio_client_ray_to_direct"] = per["client_ray"]["mib_per_s"] / per["direct"]["mib_per_s"]
+            # The ceiling of any socket path here: the same bytes over a bare loopback TCP socket.
+            per["ratio_raw_tcp_to_direct"] = per["raw_tcp"]["mib_per_s"] / per["direct"]["mib_per_s"]
+            per["ratio_client_http_to_raw_tcp"] = per["client_http"]["mib_per_s"] / per["raw_tcp"]["mib_per_s"]
             results["sizes"][f"{mib:g}MiB"] = per
-            ray.kill(actor, no_restart=True)
+            for a in actors:
+                ray.kill(a, no_restart=True)
+            raw_server.kill()
+            raw_server.wait(timeout=10)
     finally:
         if ray.is_initialized():
             ray.shutdown()
@@ -178,8 +260,10 @@ def main() -> int:
     for size, r in results["sizes"].items():
         parts.append(
             f"{size}: client_http {r['client_http']['mib_per_s']:.0f} MiB/s ({r['client_http']['batches_per_s']:.1f}/s), "
+            f"via store {r['client_http_via_store']['mib_per_s']:.0f}, "
             f"client_ray {r['client_ray']['mib_per_s']:.0f}, direct {r['direct']['mib_per_s']:.0f} MiB/s "
-            f"({r['direct']['batches_per_s']:.1f}/s), http/direct {r['ratio_client_http_to_direct']:.2f}"
+            f"({r['direct']['batches_per_s']:.1f}/s), raw tcp {r['raw_tcp']['mib_per_s']:.0f}, "
+            f"http/direct {r['ratio_client_http_to_direct']:.2f}, raw tcp/direct {r['ratio_raw_tcp_to_direct']:.2f}"
         )
     print("rollout_stream_bench: " + "; ".join(parts))
     return 0

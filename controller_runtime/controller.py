@@ -56,7 +56,7 @@ from controller_runtime.evalfleet import EvalCells, eval_replicas
 from controller_runtime.evalpin import EvalFleet
 from controller_runtime.events import ControllerEvent, Reason
 from controller_runtime.fleet import Fleet
-from controller_runtime.health import HealthMonitor, ProbeOutcome, Verdict
+from controller_runtime.health import STARTING_PROBE_SECONDS, HealthMonitor, ProbeOutcome, Verdict
 from controller_runtime.lock import ControllerLock, WindowLock, normalise_snapshot
 from controller_runtime.memory import PAUSE_OFFLOAD, FleetMemory, MemoryChange, memory_tags
 from controller_runtime.ports import (
@@ -86,6 +86,9 @@ PAUSE_WINDOW = "window"  # the health monitor's pause reason while an update win
 MIN_WAIT_SECONDS = 0.05  # between passes of `run`: a pass that wants to run again at once still yields
 LOCK_POLL_SECONDS = 0.1  # how often a waiting prepare_rollout looks whether the window closed
 READY_POLL_SECONDS = 0.25  # how often a window waiting for starting cells looks again (in-memory state only)
+# How long a pass waits for the probes it started: answers that come in time go out with the
+# pass's status write; a slow or hung engine's answer is applied when it comes, without the pass.
+PASS_PROBE_WAIT_SECONDS = 0.5
 S = CellState
 
 
@@ -139,6 +142,8 @@ class InferenceController:
         self.eval = EvalCells(self.fleet)
         self.rollout_id: int | None = None
         self._deleted_generation: dict[str, int] = {}  # stale generation already deleted
+        self._probing: dict[str, asyncio.Task[None]] = {}  # cells whose probe is out, each on its own
+        self._probe_deadline: dict[str, float] = {}  # when that probe has timed out at the latest
         if restore is not None:
             self._restore(restore)
 
@@ -235,10 +240,25 @@ class InferenceController:
             self.fleet.ensure_cells(CellRole.policy, self.spec.replicas, now)
             self.fleet.ensure_cells(CellRole.eval, eval_replicas(self.spec), now)
             await self._delete_surplus(observed, window_open)
-            for cell in self.fleet.all():
-                await self._reconcile_cell(cell, observed.get(cell.name), window_open)
-                await self.fleet.sync_serving(cell)
+            # Cells are independent: their platform calls go out together, so replacing five
+            # cells costs the API round trips of one, not five in a row.
+            results = await asyncio.gather(
+                *(self._reconcile_and_sync(cell, observed.get(cell.name), window_open) for cell in self.fleet.all()),
+                return_exceptions=True,
+            )
+            failed = [r for r in results if isinstance(r, BaseException)]
+            if failed:
+                raise failed[0]
             return self._next_wakeup()
+
+    async def _reconcile_and_sync(self, cell: Cell, obs: CellObservation | None, window_open: bool) -> None:
+        was_unhealthy = cell.state is S.Unhealthy
+        await self._reconcile_cell(cell, obs, window_open)
+        if not was_unhealthy and cell.state is S.Unhealthy:
+            # Found dead in this pass: stop it now, and recreate it now when no backoff is due,
+            # rather than one pass later.
+            await self._heal(cell, obs, window_open)
+        await self.fleet.sync_serving(cell)
 
     async def _delete_surplus(self, observed: dict[str, CellObservation], window_open: bool) -> None:
         """Cells beyond spec.replicas (and unknown cells the platform holds) are deleted, outside windows."""
@@ -373,36 +393,84 @@ class InferenceController:
             if cell.state is S.Unhealthy and cell.next_restart_time is not None:
                 waits.append(cell.next_restart_time - now)
             elif cell.state in (S.Pending, S.Starting):
-                waits.append(1.0)
+                waits.append(STARTING_PROBE_SECONDS)
                 if cell.created_time is not None:
                     waits.append(cell.created_time + self.spec.health_check.startup_deadline_seconds - now)
                     placed_by = cell.created_time + self.spec.health_check.scheduling_deadline_seconds
                     if placed_by > now:
                         waits.append(placed_by - now)
-            if self.health.wants_probe(cell):
+            if cell.name in self._probing:
+                waits.append(max(self.health.seconds_until_due(cell.name),
+                                 self._probe_deadline.get(cell.name, now) - now))
+            elif self.health.wants_probe(cell):
                 waits.append(self.health.seconds_until_due(cell.name))
         return max(0.0, min(waits))
 
     # == health =============================================================================
 
-    async def probe_health(self) -> None:
-        """Run every due probe concurrently (each bounded by timeoutSeconds) and apply the answers."""
+    async def probe_health(self, wait: float | None = None) -> None:
+        """Start every due probe (each bounded by timeoutSeconds) and apply each answer as it comes.
+
+        Each cell's probe runs on its own, so a hung engine delays nobody else: not the other
+        cells' probes, not the reconcile pass that creates a replacement (the pass used to wait
+        for the slowest probe, up to timeoutSeconds). `wait` bounds how long this call waits
+        for the probes it started (None: until all are answered); a probe still out when it
+        returns applies its answer later, under the mutex, and a state change it makes reaches
+        the driver through `on_event` as any other.
+        """
         async with self.fleet.mutex:
             due = [(c, self.fleet.client(c)) for c in self.fleet.all()
-                   if self.health.wants_probe(c) and self.health.is_due(c.name)]
-            probes = [self.health.probe(c, client) for c, client in due]
-        outcomes: list[ProbeOutcome] = list(await asyncio.gather(*probes)) if probes else []
-        if not outcomes:
+                   if c.name not in self._probing and self.health.wants_probe(c) and self.health.is_due(c.name)]
+            started = [self._start_probe(c, client) for c, client in due]  # each: its first answer applied
+        if not started:
             return
-        async with self.fleet.mutex:
-            for outcome in outcomes:
-                cell = self.fleet.get(outcome.cell)
-                if cell is not None and cell.state in (S.Starting, S.PendingWeights, S.Serving):
-                    self._apply_probe(cell, outcome)
-            for cell in self.fleet.all():
-                await self.fleet.sync_serving(cell)
+        if wait is None:
+            await asyncio.wait(started)
+            return
+        answered = asyncio.ensure_future(asyncio.wait(started))
+        timer = asyncio.ensure_future(self.clock.sleep(wait))
+        try:
+            await asyncio.wait({answered, timer}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            timer.cancel()
+            answered.cancel()  # stops the waiting only: the probes go on and apply themselves
 
-    def _apply_probe(self, cell: Cell, outcome: ProbeOutcome) -> None:
+    def _start_probe(self, cell: Cell, client: EngineClient) -> asyncio.Future[None]:
+        self._probe_deadline[cell.name] = self.clock.now() + self.spec.health_check.timeout_seconds
+        answered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._probing[cell.name] = asyncio.ensure_future(self._probe_and_apply(cell, client, answered))
+        return answered
+
+    async def _probe_and_apply(self, cell: Cell, client: EngineClient, answered: asyncio.Future[None]) -> None:
+        """Probe, apply; while the cell fails (or is still starting), probe it again when due,
+        on its own: counting failures to the threshold must not wait for passes, which a busy
+        API server makes slow."""
+        try:
+            while True:
+                outcome = await self.health.probe(cell, client)
+                async with self.fleet.mutex:
+                    current = self.fleet.get(outcome.cell)
+                    if current is None or current.state not in (S.Starting, S.PendingWeights, S.Serving):
+                        return
+                    verdict = self._apply_probe(current, outcome)
+                    await self.fleet.sync_serving(current)
+                    if not answered.done():
+                        answered.set_result(None)
+                    if verdict is not Verdict.failing or not self.health.wants_probe(current):
+                        return
+                    wait = self.health.seconds_until_due(current.name)
+                self._probe_deadline[cell.name] = self.clock.now() + wait + self.spec.health_check.timeout_seconds
+                await self.clock.sleep(wait)
+        except Exception:
+            log.exception("health probe of %s failed to apply", cell.name)
+        finally:
+            if not answered.done():
+                answered.set_result(None)
+            if self._probing.get(cell.name) is asyncio.current_task():
+                del self._probing[cell.name]
+                self._probe_deadline.pop(cell.name, None)
+
+    def _apply_probe(self, cell: Cell, outcome: ProbeOutcome) -> Verdict:
         verdict = self.health.record(cell, outcome)
         if verdict is Verdict.healthy and cell.state is S.Starting:
             if self._may_serve_initial_weights(cell):
@@ -414,6 +482,7 @@ class InferenceController:
         elif verdict is Verdict.unhealthy:
             self._mark_unhealthy(
                 cell, f"{cell.consecutive_failures} consecutive failed probes; last: {outcome.error}")
+        return verdict
 
     def _may_serve_initial_weights(self, cell: Cell) -> bool:
         return (self.serve_initial_weights and cell.name in self.fleet.cells and cell.generation == 0
@@ -435,7 +504,7 @@ class InferenceController:
             log.exception("reconcile of %s failed", self.job)
             failures.append(f"reconcile: {type(e).__name__}: {e}")
         try:
-            await call_within(self.clock, self.probe_health(), self.pass_timeout)
+            await call_within(self.clock, self.probe_health(wait=PASS_PROBE_WAIT_SECONDS), self.pass_timeout)
         except Exception as e:
             log.exception("health probes of %s failed", self.job)
             failures.append(f"health probes: {type(e).__name__}: {e}")
@@ -448,6 +517,8 @@ class InferenceController:
             await sleep_or_stop(stop, max(report.delay, MIN_WAIT_SECONDS), self.clock)
 
     async def close(self) -> None:
+        for task in list(self._probing.values()):
+            task.cancel()
         async with self.fleet.mutex:
             await self.fleet.close()
 
@@ -583,8 +654,7 @@ class InferenceController:
             self.fleet.weight_version = version
             self.lock.release()
             self.health.resume(PAUSE_WINDOW)
-            for cell in served:
-                await self.fleet.sync_serving(cell)
+            await self.fleet.sync_serving_all(served)
             took = self.clock.now() - lock.since
             self.fleet.record("weights_updated", version=version, cells=[c.name for c in served],
                              seconds=round(took, 3), holder=lock.holder)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
 from controller_runtime.api.status import CellState
@@ -170,6 +170,11 @@ class Fleet:
     def label_unknown(self, name: str) -> None:
         """New pods: their serving label is unknown until the next sync sets it."""
         self._serving_label.pop(name, None)
+
+    async def sync_serving_all(self, cells: Iterable[Cell]) -> None:
+        """`sync_serving` of many cells at once: each is an API round trip or two on Kubernetes, and
+        16 cells one after another made an offload of 16 engines cost half a second more."""
+        await asyncio.gather(*(self.sync_serving(c) for c in cells))
 
     async def sync_serving(self, cell: Cell) -> None:
         """Make the platform's serving label match the cell; a failure is retried by the next pass."""

@@ -22,6 +22,13 @@ from controller_runtime.clock import Clock
 from controller_runtime.deadline import call_within
 from controller_runtime.ports import EngineClient
 
+# A starting engine is probed at most this far apart (or intervalSeconds, if shorter), and a
+# pending or starting cell is looked at again after as long: its first answer is what turns a
+# replacement into PendingWeights, and at intervalSeconds (miles: 30 s) a replacement that listens
+# a moment after its first probe would wait a whole interval for the next. A starting engine
+# answers with a refused connection, which costs nothing.
+STARTING_PROBE_SECONDS = 0.5
+
 
 class Verdict(StrEnum):
     healthy = "healthy"  # the probe succeeded; failures reset
@@ -95,6 +102,12 @@ class HealthMonitor:
             self.arm(name)
         return max(0.0, self._next_due[name] - self.clock.now())
 
+    def period(self, cell: Cell) -> float:
+        """Seconds from one probe of the cell to its next."""
+        if cell.state == CellState.Starting:
+            return min(self.spec.interval_seconds, STARTING_PROBE_SECONDS)
+        return self.spec.interval_seconds
+
     def wants_probe(self, cell: Cell) -> bool:
         """Starting cells are probed for readiness even while paused; loaded cells only when active."""
         if cell.endpoint is None:
@@ -124,7 +137,7 @@ class HealthMonitor:
     async def probe(self, cell: Cell, client: EngineClient) -> ProbeOutcome:
         """One probe bounded by timeoutSeconds. Any exception, a timeout or garbage is a failure."""
         epoch, generation = self.epoch, cell.generation
-        self._next_due[cell.name] = self.clock.now() + self.spec.interval_seconds
+        self._next_due[cell.name] = self.clock.now() + self.period(cell)
         ok, error = True, ""
         try:
             await call_within(self.clock, client.health(), self.spec.timeout_seconds)

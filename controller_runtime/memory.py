@@ -74,8 +74,7 @@ class FleetMemory:
                    and any(t not in c.memory for t in wanted)]
         results = await asyncio.gather(*(self._offload_cell(c, wanted) for c in targets), return_exceptions=True)
         change = _memory_change(targets, results)
-        for cell in targets:
-            await self.fleet.sync_serving(cell)
+        await self.fleet.sync_serving_all(targets)
         self.fleet.record("offload", tags=[str(t) for t in wanted], **change.to_dict())
         self.fleet.emit(Reason.Offloaded, f"released {', '.join(map(str, wanted))} on {len(change.cells)} cells"
                         + (f"; failed on {sorted(change.failed)}" if change.failed else ""),
@@ -109,7 +108,7 @@ class FleetMemory:
         for cell in targets:
             if cell.name in change.failed:
                 self._give_up_memory(cell, change.failed[cell.name])
-            await self.fleet.sync_serving(cell)
+        await self.fleet.sync_serving_all(targets)
         if not self.any_released():
             self.health.resume(PAUSE_OFFLOAD)
         self.fleet.record("onload", tags=[str(t) for t in wanted], **change.to_dict())

@@ -90,6 +90,7 @@ class ExecutorActor:
         self._token = secrets.token_urlsafe(32)
         self._channel: DataChannel | None = None
         self._shards: dict[tuple[int, int, int], ShardRef] = {}
+        self._batches: dict[tuple[int, int, int], TrainBatch] = {}  # shards served only over the side channel
         self._started = asyncio.Lock()
         self._data_url: str | None = None
 
@@ -111,20 +112,39 @@ class ExecutorActor:
         key = (int(rollout_id), int(rank), int(world_size))
         ref = self._shards.get(key)
         if ref is None:
-            shard = await self.executor.get(*key)
+            shard = self._batches.pop(key, None)
+            if shard is None:
+                shard = await self.executor.get(*key)
             ref = ShardRef(
                 rollout_id=key[0], rank=key[1], world_size=key[2], ref=ray.put(shard), nbytes=shard.nbytes, n_samples=len(shard)
             )
             self._shards[key] = ref
-            for old in sorted(self._shards)[:-KEEP_SHARDS]:
-                del self._shards[old]
+            self._forget_old_shards()
         return ref
 
     async def _shard_batch(self, rollout_id: int, rank: int, world_size: int) -> TrainBatch:
-        ref = await self._shard_ref(rollout_id, rank, world_size)
-        batch: TrainBatch = await ref.ref  # a zero-copy view of the object store copy
+        """The shard for the side channel: from the actor's own memory, not through the object store.
+
+        A `ray.put` copies the whole shard (16 MiB: a few ms on a busy core) and reading it back is
+        a round trip to the raylet, both for bytes the socket copies anyway; a shard some rank took
+        over Ray already is served from the object store (a zero-copy view), never held twice."""
+        key = (int(rollout_id), int(rank), int(world_size))
+        ref = self._shards.get(key)
+        shard = self._batches.get(key)
+        if ref is not None:
+            shard = await ref.ref
+        elif shard is None:
+            shard = await self.executor.get(*key)
+            self._batches[key] = shard
+            self._forget_old_shards()
         self.executor.metrics.shard_served()  # the side channel's own count: its address is the one trainers used
-        return batch
+        return shard
+
+    def _forget_old_shards(self) -> None:
+        """Keep the newest KEEP_SHARDS shards (a rank may fetch its shard again after a failure)."""
+        for old in sorted({*self._shards, *self._batches})[:-KEEP_SHARDS]:
+            self._shards.pop(old, None)
+            self._batches.pop(old, None)
 
     async def generate(self, rollout_id: int) -> None:
         await self.ready()
@@ -154,6 +174,7 @@ class ExecutorActor:
 
     async def load(self) -> int | None:
         self._shards.clear()
+        self._batches.clear()
         return self.executor.load()
 
     async def checkpoint(self, rollout_id: int) -> dict[str, Any]:
@@ -161,12 +182,14 @@ class ExecutorActor:
 
     async def restore(self, state: dict[str, Any]) -> int:
         self._shards.clear()
+        self._batches.clear()
         return self.executor.restore(state)
 
     async def stats(self) -> dict[str, Any]:
         out = self.executor.stats()
         out["data_url"] = self._data_url
         out["shards_in_object_store"] = len(self._shards)
+        out["shards_in_actor_memory"] = len(self._batches)
         return out
 
     async def set_endpoints(self, urls: list[str]) -> None:

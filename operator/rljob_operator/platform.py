@@ -102,6 +102,11 @@ class KubernetesPlatform:
         self.namespace = namespace
         self._job = dataclasses.replace(JobView.of(job), namespace=namespace)
         self.last_leftovers: tuple[str, ...] = ()
+        # Each cell's live pods as the last observe_cells saw them, so that set_serving patches them
+        # without a list of its own (an offload relabels every cell at once: one list per cell made
+        # it an API round trip more per cell). A cell is labelled serving only after a pass observed
+        # its pods running, so a cell's entry is never older than the pods it must label.
+        self._live_pods: dict[str, tuple[str, ...]] = {}
 
     @property
     def job(self) -> JobView:
@@ -124,12 +129,14 @@ class KubernetesPlatform:
         async def create(pod: dict[str, Any]) -> None:
             await self.kube.call("POST", self._pods_path(), body=pod, ok=(409,))
 
+        self._live_pods.pop(request.name, None)  # new pods: set_serving lists them until observed
         await asyncio.gather(*(create(p) for p in engine_pods(self._job, request)))
 
     async def _delete_pod(self, name: str) -> None:
         await self.kube.call("DELETE", self._pods_path(name), ok=(404,))
 
     async def delete_cell(self, name: str) -> None:
+        self._live_pods.pop(name, None)
         pods = await self._list_pods(L.cell_selector(self._job.name, name))
         names = [p["metadata"]["name"] for p in pods if not p["metadata"].get("deletionTimestamp")]
         await asyncio.gather(*(self._delete_pod(n) for n in names))
@@ -145,6 +152,7 @@ class KubernetesPlatform:
             by_cell.setdefault(cell, []).append(pod)
         cells: list[CellObservation] = []
         leftovers: list[str] = []
+        live: dict[str, tuple[str, ...]] = {}
         for name, cell_pods in by_cell.items():
             newest = max(_int_label(p, L.GENERATION) for p in cell_pods)
             current = [p for p in cell_pods if _int_label(p, L.GENERATION) == newest]
@@ -155,7 +163,9 @@ class KubernetesPlatform:
             ]
             if all(p["metadata"].get("deletionTimestamp") for p in current):
                 continue
+            live[name] = tuple(p["metadata"]["name"] for p in current if not p["metadata"].get("deletionTimestamp"))
             cells.append(self._observe_cell(name, newest, current))
+        self._live_pods = live
         self.last_leftovers = tuple(sorted(leftovers))
         if leftovers:
             log.info("deleting pods of superseded cell generations: %s", ", ".join(self.last_leftovers))
@@ -181,7 +191,10 @@ class KubernetesPlatform:
         )
 
     async def set_serving(self, name: str, serving: bool) -> None:
-        pods = await self._list_pods(L.cell_selector(self._job.name, name))
+        names = self._live_pods.get(name)
+        if names is None:  # not observed yet (or gone since): ask the API server
+            pods = await self._list_pods(L.cell_selector(self._job.name, name))
+            names = tuple(p["metadata"]["name"] for p in pods if not p["metadata"].get("deletionTimestamp"))
         patch = {"metadata": {"labels": {L.SERVING: "true" if serving else "false"}}}
 
         async def mark(pod_name: str) -> None:
@@ -189,9 +202,7 @@ class KubernetesPlatform:
                 "PATCH", self._pods_path(pod_name), body=patch, content_type=MERGE_PATCH, ok=(404,)
             )
 
-        await asyncio.gather(
-            *(mark(p["metadata"]["name"]) for p in pods if not p["metadata"].get("deletionTimestamp"))
-        )
+        await asyncio.gather(*(mark(n) for n in names))
 
     async def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         """Server-side apply one of the job's objects (Services, Deployment, Job, RayCluster)."""

@@ -404,6 +404,38 @@ async def test_hanging_engine_fails_probes_within_the_timeout() -> None:
     assert "timed out after 5 s" in h.cell(0).message
 
 
+async def test_a_hung_engine_holds_up_neither_the_pass_nor_the_other_cells_probes() -> None:
+    """A pass waits for its probes only briefly. It used to wait for the slowest one, so a hung
+    engine held every pass (and the replacement of any other cell) for timeoutSeconds."""
+    h = harness(2)
+    await serve(h)
+    h.engine(0).hang = True
+    h.engine(1).healthy = False
+    await h.clock.advance(10)
+    started = h.clock.now()
+    await with_clock(h.clock, h.ctrl.run_pass(), step=0.1)
+    assert h.clock.now() - started < h.ctrl.spec.health_check.timeout_seconds
+    assert (h.cell(0).consecutive_failures, h.cell(1).consecutive_failures) == (0, 1)  # cell 0's probe still out
+    probes = h.engine(0).health_started
+    await h.ctrl.run_pass()  # no second probe of a cell whose probe is out
+    assert h.engine(0).health_started == probes
+    await h.clock.advance(h.ctrl.spec.health_check.timeout_seconds)
+    assert h.cell(0).consecutive_failures == 1  # the late answer applied itself, without a pass
+
+
+async def test_a_failing_cell_is_probed_again_when_due_without_waiting_for_a_pass() -> None:
+    """Failures are counted to the threshold on the cell's own schedule: passes are slow when the
+    API server is, and the threshold used to be reached only as fast as passes came."""
+    h = harness(1)
+    await serve(h)
+    h.engine(0).healthy = False
+    await h.clock.advance(10)
+    await h.ctrl.probe_health()
+    assert h.cell(0).consecutive_failures == 1
+    await h.clock.advance(10)  # no pass, no probe_health call
+    assert h.cell(0).state == S.Unhealthy
+
+
 async def test_dead_pod_or_container_restart_marks_the_cell_unhealthy() -> None:
     h = harness(2)
     await serve(h)
@@ -674,6 +706,89 @@ async def test_run_loop_survives_platform_errors() -> None:
     await asyncio.wait_for(task, 5)
 
 
+class GatedPlatform(FakePlatform):
+    """create_cell waits at `gate`; `most` is how many creations were in flight at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.in_flight = self.most = 0
+
+    async def create_cell(self, request: CellRequest) -> None:
+        self.in_flight += 1
+        self.most = max(self.most, self.in_flight)
+        try:
+            await self.gate.wait()
+        finally:
+            self.in_flight -= 1
+        await super().create_cell(request)
+
+
+async def test_dead_cells_are_replaced_together_not_one_after_another() -> None:
+    """A pass replaces its dead cells at once: each replacement is platform round trips (several
+    API calls on Kubernetes), and made one after another they added up to seconds under load."""
+    platform = GatedPlatform()
+    h = harness(3, platform=platform)
+    await serve(h)
+    for i in range(3):
+        h.platform.fail_pod(f"demo-cell-{i}")
+    await h.ctrl.reconcile()
+    assert h.states() == [S.Unhealthy] * 3 and sorted(h.platform.deleted) == [f"demo-cell-{i}" for i in range(3)]
+    await h.clock.advance(5)  # the backoff
+    platform.gate.clear()
+    replacing = asyncio.ensure_future(h.ctrl.reconcile())
+    try:
+        for _ in range(100):
+            if platform.in_flight == 3:
+                break
+            await asyncio.sleep(0)
+        assert platform.most == 3
+    finally:
+        platform.gate.set()
+        await replacing
+    assert [h.platform.generation_of(f"demo-cell-{i}") for i in range(3)] == [1, 1, 1]
+
+
+class GatedLabelPlatform(FakePlatform):
+    """set_serving waits at `gate`; `most` is how many label changes were in flight at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.in_flight = self.most = 0
+
+    async def set_serving(self, name: str, serving: bool) -> None:
+        self.in_flight += 1
+        self.most = max(self.most, self.in_flight)
+        try:
+            await self.gate.wait()
+        finally:
+            self.in_flight -= 1
+        await super().set_serving(name, serving)
+
+
+async def test_offload_relabels_every_cell_at_once() -> None:
+    """An offload takes every cell out of serving: a label patch (or two API calls) per cell, all at
+    once; one after another they made the offload of 16 engines half a second slower than the engines."""
+    platform = GatedLabelPlatform()
+    h = harness(3, platform=platform)
+    await serve(h)
+    platform.gate.clear()
+    offload = asyncio.ensure_future(h.ctrl.offload([MemoryTag.weights]))
+    try:
+        for _ in range(100):
+            if platform.in_flight == 3:
+                break
+            await asyncio.sleep(0)
+        assert platform.most == 3
+    finally:
+        platform.gate.set()
+        await offload
+    assert [h.platform.serving[f"demo-cell-{i}"] for i in range(3)] == [False] * 3
+
+
 class HangingPlatform(FakePlatform):
     """A platform whose observe_cells never answers while `hang` is set."""
 
@@ -832,8 +947,8 @@ async def test_probe_in_flight_across_offload_and_resume_is_discarded() -> None:
     await h.ctrl.probe_health()
     assert h.cell(0).consecutive_failures == 1  # one more failure would make it Unhealthy
     engine.health_gate = asyncio.Event()
-    await h.clock.advance(10)
     started = engine.health_started
+    await h.clock.advance(10)  # the failing cell's next probe is due (it starts on its own, or here:)
     probing = asyncio.create_task(h.ctrl.probe_health())
     for _ in range(1000):
         if engine.health_started > started:
@@ -844,4 +959,6 @@ async def test_probe_in_flight_across_offload_and_resume_is_discarded() -> None:
     await h.ctrl.onload(["kv_cache"])  # resume: epoch moves on again
     engine.health_gate.set()
     await asyncio.wait_for(probing, 5)
+    for _ in range(100):  # the in-flight probe answers and is applied (or discarded)
+        await asyncio.sleep(0)
     assert h.cell(0).state == S.Serving and h.cell(0).consecutive_failures == 1

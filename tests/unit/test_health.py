@@ -10,7 +10,7 @@ from controller_runtime.api.status import CellState
 from controller_runtime.cells import Cell
 from controller_runtime.clock import FakeClock
 from controller_runtime.fakes import FakeEngine
-from controller_runtime.health import HealthMonitor, Verdict
+from controller_runtime.health import STARTING_PROBE_SECONDS, HealthMonitor, Verdict
 
 S = CellState
 
@@ -160,3 +160,16 @@ async def test_probes_are_scheduled_every_interval() -> None:
     assert not m.is_due(cell.name)
     await clock.advance(10)
     assert m.is_due(cell.name)
+
+
+async def test_a_starting_cell_is_probed_every_second_a_loaded_one_every_interval() -> None:
+    """A replacement becomes PendingWeights on its first answer; probed only every intervalSeconds
+    it would wait up to a whole interval (30 s by default) after it started listening."""
+    clock = FakeClock()
+    m, engine = monitor(clock, interval_seconds=30), FakeEngine("http://e", healthy=False)
+    starting = Cell("j-cell-1", 1, state=S.Starting, endpoint="http://e")
+    await probe_and_record(m, starting, engine)
+    assert m.seconds_until_due(starting.name) == STARTING_PROBE_SECONDS
+    serving = serving_cell()
+    await probe_and_record(m, serving, engine)
+    assert m.seconds_until_due(serving.name) == 30

@@ -346,3 +346,20 @@ async def test_the_ray_token_secret_is_made_once_and_never_rotated_by_a_resync()
     assert kube.created["Secret/job-ray-auth"]["data"]["token"] == token
     assert [o["kind"] for o in applied].count("Secret") == 1
     assert token not in repr(body.get("status")) and all(token not in m for _, _, m in kube.events)
+
+
+async def test_a_window_opened_by_the_api_does_not_wake_a_pass_a_probe_verdict_does():
+    """The verb writes status itself before it answers; an early pass would hold the fleet's mutex
+    while the trainer's next call waits. A verdict applied off the pass must wake one."""
+    clock, platform, body = FakeClock(), FakePlatform(), rljob()
+    rt, _kube, _ = runtime(body, platform, clock)
+    await settle(rt)
+    rt._wake.clear()
+    window = await rt.controller.start_update_weights("trainer")
+    assert not rt._wake.is_set()
+    await rt.controller.end_update_weights(window.snapshot, "1")
+    assert rt._wake.is_set()  # a closed window: deferred replacements may be due
+    rt._wake.clear()
+    platform.fail_pod(f"{body['metadata']['name']}-cell-0")
+    await rt.run_pass()
+    assert rt._wake.is_set()  # a cell turned Unhealthy

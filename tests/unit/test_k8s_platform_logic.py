@@ -231,3 +231,26 @@ def test_api_errors_form_one_tree_keyed_by_status() -> None:
     e = api_error("PATCH /apis/batch/v1/namespaces/ns/jobs/t", 422, "Unprocessable Entity", '{"message": "field is immutable"}')
     assert isinstance(e, KubeApiError) and e.status == 422
     assert str(e) == "PATCH /apis/batch/v1/namespaces/ns/jobs/t: HTTP 422: field is immutable"
+
+
+async def test_set_serving_patches_the_pods_the_last_observe_saw_without_listing_again() -> None:
+    """An offload relabels every cell at once; a list per cell was one API round trip more each."""
+    p, store = platform()
+    await p.create_cell(req(0))
+    store.run("llama-8b-cell-0-g1-0", "127.10.0.5")
+    await p.observe_cells()
+    store.calls.clear()
+    await p.set_serving("llama-8b-cell-0", True)
+    assert store.calls == [("PATCH", "/api/v1/namespaces/rl/pods/llama-8b-cell-0-g1-0")]
+    assert store.pods["llama-8b-cell-0-g1-0"]["metadata"]["labels"][L.SERVING] == "true"
+
+
+async def test_set_serving_after_a_recreation_labels_the_new_pods_not_the_observed_ones() -> None:
+    p, store = platform()
+    await p.create_cell(req(0))
+    store.run("llama-8b-cell-0-g1-0", "127.10.0.5")
+    await p.observe_cells()
+    await p.delete_cell("llama-8b-cell-0")
+    await p.create_cell(req(0, generation=2))
+    await p.set_serving("llama-8b-cell-0", True)
+    assert store.pods["llama-8b-cell-0-g2-0"]["metadata"]["labels"][L.SERVING] == "true"

@@ -36,6 +36,13 @@ from rljob_operator.registry import JobHandle, JobRegistry
 log = logging.getLogger(__name__)
 
 
+# Events only the controller API's verbs emit: the verb writes the status itself before it
+# answers, so an early pass would only hold the fleet's mutex while the trainer's next call (the
+# weight push's end, the onload after training) waits for it. Everything else wakes the daemon:
+# a probe's verdict (applied off the pass) and a closed window (deferred replacements) need a pass.
+PUBLISHED_BY_THE_VERB = frozenset({Reason.WindowOpened, Reason.Offloaded, Reason.Onloaded, Reason.RolloutPrepared})
+
+
 class TimedEngineClient:
     """An EngineClient whose `/health` calls are timed into the probe latency histogram."""
 
@@ -93,7 +100,8 @@ class EngineFleet:
             self.metrics.restarts.labels(self.job.namespace, self.job.name).inc()
         self.metrics.count_event(self.job.namespace, self.job.name, event)
         self.job.recorder.controller_event(event)
-        self.wake()  # something changed: write status soon
+        if event.reason not in PUBLISHED_BY_THE_VERB:
+            self.wake()  # something changed: write status soon
 
     def follow_spec(self, job_object: Mapping[str, Any], generation: Hashable) -> None:
         """Cells created from now on are built from the edited spec (or a new Kueue admission)."""
