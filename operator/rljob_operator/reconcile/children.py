@@ -1,9 +1,12 @@
 """Make the job's children exist: Services, executor, trainer workload, RayCluster, policies.
 
 The builders (`rljob_operator.manifests`) are pure; here they are applied (create or patch,
-deterministic names, owner references to the RLJob). Applying is level-based and cheap to
-repeat, but not free: it runs when the RLJob's generation changed (spec edits, suspend) and
-otherwise every `CHILDREN_RESYNC_SECONDS` to repair drift (a deleted Service comes back).
+deterministic names, owner references to the RLJob). Every child is applied when the RLJob's
+generation changed (spec edits, suspend) and when the operator starts on a job; otherwise,
+every `CHILDREN_RESYNC_SECONDS`, each child is read and applied again only if it is missing or
+no longer holds what was applied (`drift.holds`): drift is repaired (a deleted Service comes
+back, a hand-edited port is reverted) and a job whose children are as applied costs reads,
+never writes (an apply that changes nothing is still a write request; issue 13).
 The trainer Job's outcome is read on every pass: it decides Succeeded/Failed.
 
 A Job's pod template is immutable, so a trainer change that reaches it (replicas changes
@@ -13,7 +16,9 @@ Kubeflow Trainer and JobSet do when a gang's shape changes. A trainer Job that f
 recreated the same way, as the next attempt, while `reconcile/trainer_restart.py` allows it.
 
 The job's Ray token Secret is created before anything that reads it, once, and never
-re-applied (`manifests.rayauth`); the token is drawn here, the only impure part of it.
+re-applied (`manifests.rayauth`); the token is drawn here, the only impure part of it. It is
+made with the full apply (never read back: the operator has no permission to read Secrets),
+so a deleted token Secret comes back at the next spec change or operator start.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from rljob_operator.manifests import (
 from rljob_operator.manifests.podspec import placement_fields
 from rljob_operator.names import trainer_name
 from rljob_operator.reconcile.context import JobContext
+from rljob_operator.reconcile.drift import holds
 from rljob_operator.reconcile.flow import StepResult
 from rljob_operator.reconcile.job_status import TrainerState, trainer_state
 from rljob_operator.reconcile.trainer_restart import (
@@ -131,10 +137,15 @@ async def ensure_children(
     if verdict.action is TrainerAction.restart:
         await restart_trainer(job, spec, job_object, controller_url, verdict)
         state, message, applied = TrainerState.running, "", Applied(generation, now)
-    if applied is None or applied.generation != generation or now - applied.at >= CHILDREN_RESYNC_SECONDS:
+    if applied is None or applied.generation != generation:
         await ensure_ray_auth_secret(job, job_object)
         for obj in desired_children(job_object, controller_url, executor_flavors, verdict.attempt):
             await apply_child(job, obj)
+        applied = Applied(generation, now)
+    elif now - applied.at >= CHILDREN_RESYNC_SECONDS:
+        for obj in desired_children(job_object, controller_url, executor_flavors, verdict.attempt):
+            if not holds(await job.kube.get_stored(obj), obj):
+                await apply_child(job, obj)
         applied = Applied(generation, now)
     return ChildrenSeen(
         StepResult.proceed(),
