@@ -48,6 +48,8 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -60,7 +62,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.cluster.fixtures import Cluster, cache_dir, wait_for  # noqa: E402
-from tests.integration.operator_harness import OperatorProcess, install_crd, make_rljob  # noqa: E402
+from tests.integration.operator_harness import OperatorProcess, free_port, install_crd, make_rljob  # noqa: E402
 
 FLEET = ROOT / "tests" / "engine_standin" / "rljob_standin_fleet.py"
 KUBERAY_READY = Path("/work/kuberay-ready")
@@ -671,37 +673,46 @@ def run_rayclusters(
         return next(iter({p for p in rec.pod_seen if p.startswith(f"{rc}-gpu-worker-")} - before))
 
     rec = Recorder(cluster, ns, "rayclusters", "ray.io", "v1", raycluster_ready)
-    argv = [
-        binary,
-        "--watch-namespace",
-        ns,
-        "--enable-leader-election=false",
-        "--metrics-addr",
-        "127.0.0.1:0",
-        "--health-probe-bind-address",
-        "127.0.0.1:0",
-    ]
+    ensure_kuberay_crds(cluster, Path(binary).resolve().parent.parent / "crds")
+    health = free_port()
+    argv = [binary, f"--kubeconfig={cluster.kubeconfig}", "--enable-leader-election=false",
+            f"--metrics-addr=127.0.0.1:{free_port()}", f"--health-probe-bind-address=127.0.0.1:{health}",
+            "--log-stdout-encoder=console", f"--watch-namespace={ns}"]  # fmt: skip
     try:
-        with process(
-            argv, logs / f"kuberay-{ns}.log", env={"KUBECONFIG": str(cluster.kubeconfig)}
-        ) as kuberay:
-            side = measure_side(
-                cluster,
-                "RayClusters",
-                ns,
-                objs,
-                kuberay.pid,
-                rec,
-                create,
-                change,
-                (Path(binary).name + "/",),
-                args,
+        with process(argv, logs / f"kuberay-{ns}.log") as kuberay:
+            wait_for(lambda: http_status(f"http://127.0.0.1:{health}/readyz") == 200 or kuberay.poll() is not None,
+                     120, interval=0.5, what="KubeRay /readyz")  # fmt: skip
+            assert kuberay.poll() is None, (
+                f"KubeRay exited: {(logs / f'kuberay-{ns}.log').read_text()[-2000:]}"
             )
+            side = measure_side(cluster, "RayClusters", ns, objs, kuberay.pid, rec, create, change,
+                                (Path(binary).name + "/",), args)  # fmt: skip
             assert kuberay.poll() is None, "KubeRay exited"
     finally:
         rec.stop()
     drop_namespace(cluster, ns, None)
     return side.report()
+
+
+def ensure_kuberay_crds(cluster: Cluster, crds: Path) -> None:
+    """KubeRay's manager exits when RayJob or RayService is unknown: install those from its build
+    when missing (the RayCluster CRD is the one tests/cluster/up installs)."""
+    for name in ("rayjobs", "rayservices"):
+        if cluster.kubectl("get", "crd", f"{name}.ray.io", check=False).returncode != 0:
+            cluster.kubectl("apply", "--server-side", "-f", str(crds / f"ray.io_{name}.yaml"))
+            wait_for(lambda n=name: cluster.kubectl("wait", "--for=condition=Established", f"crd/{n}.ray.io",
+                                                    "--timeout=10s", check=False).returncode == 0,
+                     60, what=f"CRD {name}.ray.io established")  # fmt: skip
+
+
+def http_status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as e:
+        return int(e.code)
+    except OSError:
+        return 0
 
 
 def ratios(rl: Mapping[str, Any], kr: Mapping[str, Any]) -> dict[str, float | None]:

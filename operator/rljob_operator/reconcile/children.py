@@ -23,6 +23,7 @@ so a deleted token Secret comes back at the next spec change or operator start.
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -138,14 +139,13 @@ async def ensure_children(
         await restart_trainer(job, spec, job_object, controller_url, verdict)
         state, message, applied = TrainerState.running, "", Applied(generation, now)
     if applied is None or applied.generation != generation:
-        await ensure_ray_auth_secret(job, job_object)
-        for obj in desired_children(job_object, controller_url, executor_flavors, verdict.attempt):
-            await apply_child(job, obj)
+        await ensure_ray_auth_secret(job, job_object)  # before anything that mounts it
+        objs = desired_children(job_object, controller_url, executor_flavors, verdict.attempt)
+        await asyncio.gather(*(apply_child(job, obj) for obj in objs))
         applied = Applied(generation, now)
     elif now - applied.at >= CHILDREN_RESYNC_SECONDS:
-        for obj in desired_children(job_object, controller_url, executor_flavors, verdict.attempt):
-            if not holds(await job.kube.get_stored(obj), obj):
-                await apply_child(job, obj)
+        objs = desired_children(job_object, controller_url, executor_flavors, verdict.attempt)
+        await asyncio.gather(*(reapply_if_drifted(job, obj) for obj in objs))
         applied = Applied(generation, now)
     return ChildrenSeen(
         StepResult.proceed(),
@@ -187,6 +187,11 @@ async def job_gone(job: JobContext, name: str, uid: str | None, attempts: int = 
 async def ensure_ray_auth_secret(job: JobContext, job_object: dict[str, Any]) -> None:
     """The job's Ray token Secret: created with a fresh token if absent, else left alone."""
     await job.kube.create_if_absent(ray_auth_secret(job_object, secrets.token_urlsafe(32)))
+
+
+async def reapply_if_drifted(job: JobContext, obj: dict[str, Any]) -> None:
+    if not holds(await job.kube.get_stored(obj), obj):
+        await apply_child(job, obj)
 
 
 async def apply_child(job: JobContext, obj: dict[str, Any]) -> None:
