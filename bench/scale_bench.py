@@ -12,7 +12,7 @@ Against the test cluster of this worktree (tests/cluster/up, run here if needed)
   The engines are one process, tests/engine_standin/rljob_standin_fleet.py, that answers the
   stand-in's routes on every pod address as soon as the pod has one (the cheapest engine: the
   operator's probes reach a real HTTP server, nothing else runs).
-- RayClusters (when a KubeRay binary is given, or named by /work/kuberay-ready): N clusters of
+- RayClusters (when a KubeRay binary is given or built by tests/cluster/build): N clusters of
   1 head + 7 workers, each pod 8 GPUs like the engine pods, reconciled by the real KubeRay
   operator as a process against the same API server, on the same nodes, after the RLJobs are
   gone.
@@ -638,6 +638,10 @@ def kuberay_binary(args: argparse.Namespace) -> str | None:
         return None
     if args.kuberay:
         return str(args.kuberay)
+    built = subprocess.run([str(ROOT / "tests" / "cluster" / "build"), "--print-kuberay"], capture_output=True,
+                           text=True, check=False)  # fmt: skip
+    if built.returncode == 0 and built.stdout.strip():
+        return str(Path(built.stdout.strip()) / "bin" / "ray-operator")
     if KUBERAY_READY.exists():
         return KUBERAY_READY.read_text().strip() or None
     return None
@@ -739,7 +743,7 @@ def run(args: argparse.Namespace, cluster: Cluster | None = None) -> dict[str, A
         "machine": f"{platform.machine()}, {os.cpu_count()} cores", "commit": git_commit(),
         "settings": {"steady_seconds": args.steady, "settle_seconds": args.settle, "changes": args.changes,
                      "probe_interval_seconds": args.probe_interval, "node_gpus": NODE_GPUS, "logs": str(logs)},
-        "kuberay": binary or "not run: no binary (pass --kuberay, or /work/kuberay-ready)",
+        "kuberay": binary or "not run: no binary (pass --kuberay, or build it: tests/cluster/build)",
         "runs": [],
     }  # fmt: skip
     for n in args.jobs:
@@ -801,7 +805,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--smoke", action="store_true", help="2 jobs, 5 s of steady state, 2 changes")
     args = p.parse_args(argv)
     if args.smoke:
-        args.jobs, args.steady, args.settle, args.changes, args.timeout = [2], 5.0, 2.0, 2, 300.0
+        # probes every second: a steady state of 5 s holds several probes of every cell
+        args.jobs, args.steady, args.settle, args.changes, args.timeout = [2], 5.0, 3.0, 2, 300.0
+        args.probe_interval = 1
     return args
 
 
