@@ -640,8 +640,9 @@ def kuberay_binary(args: argparse.Namespace) -> str | None:
         return str(args.kuberay)
     built = subprocess.run([str(ROOT / "tests" / "cluster" / "build"), "--print-kuberay"], capture_output=True,
                            text=True, check=False)  # fmt: skip
-    if built.returncode == 0 and built.stdout.strip():
-        return str(Path(built.stdout.strip()) / "bin" / "ray-operator")
+    candidate = Path(built.stdout.strip() or "/nonexistent") / "bin" / "ray-operator"
+    if built.returncode == 0 and candidate.is_file():
+        return str(candidate)
     if KUBERAY_READY.exists():
         return KUBERAY_READY.read_text().strip() or None
     return None

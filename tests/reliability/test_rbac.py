@@ -45,6 +45,8 @@ KOPF_CALLS: set[Triple] = {
     ("rljob.io", "rljobs", "watch"),
     ("rljob.io", "rljobs", "patch"),  # finalizer, progress and last-handled annotations
     ("", "events", "create"),  # kopf's own warnings (posting)
+    ("", "pods", "list"),  # the engine pods' watcher (handlers.wake_for_engine_pod)
+    ("", "pods", "watch"),
     ("", "namespaces", "list"),  # namespace observer (even for exact names)
     ("", "namespaces", "watch"),
     ("apiextensions.k8s.io", "customresourcedefinitions", "list"),  # resource observer

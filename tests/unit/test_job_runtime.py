@@ -347,3 +347,47 @@ async def test_the_children_resync_reads_and_writes_only_what_drifted():
         "Deployment/job-rollout",
         "Service/job-engines",
     ]
+
+
+async def test_only_a_change_besides_the_status_wakes_the_loop():
+    """The operator's own status write comes back as a watch event; waking for it ran one more
+    full pass per write (issue 13). A spec edit, a label or the deletion mark still wakes."""
+    clock, platform, body = FakeClock(), FakePlatform(), rljob()
+    rt, _, _ = runtime(body, platform, clock)
+    await settle(rt)
+    event = copy.deepcopy(body)
+    event["status"] = {**event["status"], "ready": "1/2"}
+    rt._wake.clear()
+    rt.poke_for(event)
+    assert not rt._wake.is_set()
+    for change in ({"generation": 2}, {"labels": {"kueue.x-k8s.io/queue-name": "q"}},
+                   {"deletionTimestamp": "2026-12-01T10:00:00Z"}):  # fmt: skip
+        rt.poke_for({**event, "metadata": {**event["metadata"], **change}})
+        assert rt._wake.is_set(), change
+        rt._wake.clear()
+
+
+async def test_an_engine_pod_event_wakes_the_loop_only_when_a_cell_waits_for_pods_or_a_pod_fails():
+    """Pods were seen running only at the next poll (1 RLJob Ready in 3.9 s vs 0.4 s for KubeRay's
+    RayCluster, issue 13); the pod watch wakes the loop, but not for a healthy fleet's pods (our
+    own serving-label patches)."""
+    clock, platform, body = FakeClock(), FakePlatform(), rljob()
+    rt, _, _ = runtime(body, platform, clock)
+    running = {"metadata": {"name": "job-cell-0-g0-0"}, "status": {"phase": "Running"}}
+    rt.poke_for_pod(running)  # no controller yet: the first pass waits for everything
+    assert rt._wake.is_set()
+    await settle(rt)
+    assert body["status"]["ready"] == "2/2"
+    rt._wake.clear()
+    rt.poke_for_pod(running)
+    assert not rt._wake.is_set()
+    for pod in ({**running, "status": {"phase": "Failed"}},
+                {"metadata": {**running["metadata"], "deletionTimestamp": "2026-12-01T10:00:00Z"}, "status": {"phase": "Running"}}):  # fmt: skip
+        rt.poke_for_pod(pod)
+        assert rt._wake.is_set(), pod
+        rt._wake.clear()
+    body["spec"]["inference"]["replicas"] = 3
+    body["metadata"]["generation"] = 2
+    await rt.run_pass()  # a new cell, Pending: its pods are news
+    rt.poke_for_pod(running)
+    assert rt._wake.is_set()

@@ -46,9 +46,10 @@ by the operator; kopf lists, watches and patches RLJobs and posts core/v1 Events
 - apiGroups: ["rljob.io"]
   resources: ["rljobs/status"]
   verbs: ["patch"]
+# Engine pods: watched (kopf) so that a job's loop wakes when its pods run or fail.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list", "create", "delete", "patch"]
+  verbs: ["list", "watch", "create", "delete", "patch"]
 # Children are applied, and read back by the resync: re-applied only when they drifted.
 - apiGroups: [""]
   resources: ["services"]
