@@ -439,8 +439,11 @@ def create_all(objs: Sequence[dict[str, Any]], create: Callable[[dict[str, Any]]
         list(pool.map(create, objs))
 
 
-def drop_namespace(cluster: Cluster, ns: str, plural_group: tuple[str, str] | None) -> None:
-    """Delete the namespace; with the operator stopped, its finalizers are dropped first."""
+def drop_namespace(
+    cluster: Cluster, ns: str, plural_group: tuple[str, str] | None, wait: bool = True
+) -> None:
+    """Delete the namespace; with the operator stopped, its finalizers are dropped first.
+    `wait`: until it is gone (its pods too, so the next side starts on free nodes)."""
     from kubernetes import client
 
     if plural_group is not None:
@@ -464,7 +467,10 @@ def drop_namespace(cluster: Cluster, ns: str, plural_group: tuple[str, str] | No
         cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
         return False
 
-    wait_for(gone, 900, interval=2, what=f"namespace {ns} gone")
+    if wait:
+        wait_for(gone, 900, interval=2, what=f"namespace {ns} gone")
+    else:
+        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
 
 
 @dataclass
@@ -631,7 +637,7 @@ def run_rljobs(cluster: Cluster, n: int, args: argparse.Namespace, logs: Path) -
         rec.stop()
         if operator is not None:
             operator.stop()
-    drop_namespace(cluster, ns, ("rljobs", "rljob.io"))
+    drop_namespace(cluster, ns, ("rljobs", "rljob.io"), wait=not args.smoke)
     return side.report()
 
 
@@ -697,7 +703,7 @@ def run_rayclusters(
             assert kuberay.poll() is None, "KubeRay exited"
     finally:
         rec.stop()
-    drop_namespace(cluster, ns, None)
+    drop_namespace(cluster, ns, None, wait=not args.smoke)
     return side.report()
 
 
@@ -751,7 +757,8 @@ def run(args: argparse.Namespace, cluster: Cluster | None = None) -> dict[str, A
     }  # fmt: skip
     try:
         for n in args.jobs:
-            result["settings"]["nodes"] = ensure_nodes(cluster, n)
+            # smoke: twice the nodes, so that a side never waits for the last one's pods to go
+            result["settings"]["nodes"] = ensure_nodes(cluster, n * (2 if args.smoke else 1))
             row: dict[str, Any] = {"jobs": n, "rljob": run_rljobs(cluster, n, args, logs)}
             if binary:
                 row["kuberay"] = run_rayclusters(cluster, n, binary, args, logs)
@@ -810,7 +817,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--no-kuberay", action="store_true", help="RLJobs only")
     p.add_argument("--log-dir")
     p.add_argument("--json-out")
-    p.add_argument("--smoke", action="store_true", help="2 jobs, 5 s of steady state, 2 changes")
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="2 jobs, 5 s of steady state, 2 changes, no wait for the namespaces to go",
+    )
     args = p.parse_args(argv)
     if args.smoke:
         # probes every second: a steady state of 5 s holds several probes of every cell
