@@ -283,6 +283,7 @@ class InferenceController:
                               role=self.fleet.role_of(cell.name))
         self.fleet.label_unknown(cell.name)
         await self.platform.create_cell(request)
+        self.fleet.label_created(cell.name)
         if cell.created_time is None:
             cell.created_time = self.clock.now()
 

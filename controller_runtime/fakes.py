@@ -33,6 +33,7 @@ class FakePlatform:
         self.created: list[CellRequest] = []
         self.deleted: list[str] = []
         self.serving: dict[str, bool] = {}
+        self.serving_calls: list[tuple[str, bool]] = []
         self.fail_delete = False
         self.fail_create = False
 
@@ -51,6 +52,7 @@ class FakePlatform:
         pods = [PodObservation(f"{request.name}-g{request.generation}-{i}", phase) for i in range(request.pods)]
         endpoint = self.endpoint_of(request.name, request.generation) if self.start_running else None
         self.cells[request.name] = FakeCell(request, pods, endpoint)
+        self.serving[request.name] = False  # new pods are created not serving (the port's contract)
 
     async def delete_cell(self, name: str) -> None:
         if self.fail_delete:
@@ -65,6 +67,7 @@ class FakePlatform:
         ]
 
     async def set_serving(self, name: str, serving: bool) -> None:
+        self.serving_calls.append((name, serving))
         self.serving[name] = serving
 
     # -- test controls ----------------------------------------------------------------------

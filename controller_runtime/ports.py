@@ -83,7 +83,8 @@ class CellRequest:
 
 class Platform(Protocol):
     async def create_cell(self, request: CellRequest) -> None:
-        """Create every pod of the cell. Idempotent: names are deterministic from (name, generation)."""
+        """Create every pod of the cell, not serving (no `set_serving` is needed to keep a new cell
+        out of the serving set). Idempotent: names are deterministic from (name, generation)."""
         ...
 
     async def delete_cell(self, name: str) -> None:

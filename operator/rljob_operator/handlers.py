@@ -20,6 +20,7 @@ from typing import Any
 import kopf
 
 from controller_runtime.ports import Platform
+from rljob_operator import labels as L
 from rljob_operator.kinds import GROUP, PLURAL, VERSION
 from rljob_operator.kubeapi import KubeApi
 from rljob_operator.metrics import Metrics
@@ -108,8 +109,20 @@ async def run_rljob(body: kopf.Body, stopped: kopf.DaemonStopped, memo: Any, **_
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL, id="wake")
-async def wake_rljob(name: str, namespace: str | None, memo: Any, **_: Any) -> None:
-    """Any change of the RLJob (spec edit, suspend) wakes its loop at once."""
+async def wake_rljob(name: str, namespace: str | None, body: kopf.Body, memo: Any, **_: Any) -> None:
+    """A change of the RLJob (spec edit, suspend, labels) wakes its loop at once; a status-only
+    event (the operator's own write coming back) does not (`job_runtime.wake_key`)."""
     rt = memo.runtimes.get((namespace, name))
     if rt is not None:
-        rt.poke()
+        rt.poke_for(body)
+
+
+@kopf.on.event("", "v1", "pods", labels={L.ROLE: L.ROLE_ENGINE}, id="engine-pods")
+async def wake_for_engine_pod(body: kopf.Body, namespace: str | None, memo: Any, **_: Any) -> None:
+    """An engine pod's change wakes its job's loop when the loop waits for it
+    (`job_runtime.pod_wakes_job`): pods are seen running at once, not at the next poll."""
+    meta = body.get("metadata") or {}
+    job = (meta.get("annotations") or {}).get(L.JOB_NAME_ANNOTATION) or (meta.get("labels") or {}).get(L.JOB)
+    rt = memo.runtimes.get((namespace, job))
+    if rt is not None:
+        rt.poke_for_pod(body)

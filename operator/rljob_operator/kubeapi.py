@@ -215,6 +215,14 @@ class KubeApi:
         query = [("fieldManager", field_manager)] + ([("force", "true")] if force else [])
         return await self._object("PATCH", path, query=query, body=dict(obj), content_type=APPLY_PATCH)
 
+    async def get_stored(self, obj: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The stored object of `obj`'s apiVersion, kind, namespace and name; None when absent.
+
+        What the children resync reads to tell drift from an object that is as applied."""
+        meta = obj.get("metadata") or {}
+        path = resource_path(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"])
+        return await self.call("GET", path, ok=(404,))
+
     async def create_if_absent(self, obj: Mapping[str, Any]) -> bool:
         """Create `obj` unless it exists (409 is success); True when this call created it.
 

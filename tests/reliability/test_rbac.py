@@ -45,6 +45,8 @@ KOPF_CALLS: set[Triple] = {
     ("rljob.io", "rljobs", "watch"),
     ("rljob.io", "rljobs", "patch"),  # finalizer, progress and last-handled annotations
     ("", "events", "create"),  # kopf's own warnings (posting)
+    ("", "pods", "list"),  # the engine pods' watcher (handlers.wake_for_engine_pod)
+    ("", "pods", "watch"),
     ("", "namespaces", "list"),  # namespace observer (even for exact names)
     ("", "namespaces", "watch"),
     ("apiextensions.k8s.io", "customresourcedefinitions", "list"),  # resource observer
@@ -121,7 +123,7 @@ SAMPLES: dict[str, Any] = {
     "involved": {"apiVersion": "rljob.io/v1alpha1", "kind": "RLJob", "name": "tiny", "namespace": "ns", "uid": "u"},
     "request": CellRequest(name="tiny-cell-0", index=0, generation=1),
 }  # fmt: skip
-GENERIC = {"call", "apply", "create_if_absent"}  # the request primitives: driven through the others
+GENERIC = {"call", "apply", "create_if_absent", "get_stored"}  # the request primitives: driven through the others
 # Calls on any kind (Kueue's objects): driven with the kinds the code passes them, read from
 # reconcile/queueing.py's source (`test_the_kueue_call_table_is_what_queueing_calls` keeps it so).
 ANY_KIND = {"get_object", "create_object", "delete_object", "patch_object_status"}
@@ -188,7 +190,11 @@ async def operator_calls() -> set[Triple]:
         await drive(KubernetesPlatform(kube, "ns", load_job("tiny-cpu")))
         await drive_kueue_calls(kube)
         for obj in built_objects():
-            await kube.apply(obj) if obj["kind"] != "Secret" else await kube.create_if_absent(obj)
+            if obj["kind"] == "Secret":
+                await kube.create_if_absent(obj)
+            else:
+                await kube.apply(obj)
+                await kube.get_stored(obj)  # the children resync reads them back
     finally:
         kube.close()
     return {t for request in client.requests for t in attributes(*request)}

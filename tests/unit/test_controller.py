@@ -118,6 +118,8 @@ async def test_bootstrap_creates_named_cells_that_wait_for_weights() -> None:
     assert h.states() == [S.PendingWeights, S.PendingWeights]
     assert h.ctrl.serving_endpoints() == []
     assert h.platform.serving == {"demo-cell-0": False, "demo-cell-1": False}
+    # created not serving: nothing to relabel (it was a list and a patch per pod, issue 13)
+    assert h.platform.serving_calls == []
     patch = h.ctrl.status_patch()
     assert (patch["ready"], patch["readyEngines"], patch["totalEngines"], patch["lock"]) == ("0/2", 0, 2, None)
     await settle(h.ctrl)

@@ -25,11 +25,21 @@ class FakeKube:
         self.deleted: list[str] = []
         self.applied: list[dict[str, Any]] = []
         self.created: dict[str, dict[str, Any]] = {}  # create_if_absent: first object per name
+        self.stored: dict[str, dict[str, Any]] = {}  # applied children as the API server keeps them
+        self.reads: list[str] = []
         self.platform: FakePlatform | None = None
 
     async def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
         self.applied.append(obj)
+        stored = copy.deepcopy(obj)
+        stored["metadata"]["resourceVersion"] = "1"  # what the server adds is not drift
+        self.stored[f"{obj['kind']}/{obj['metadata']['name']}"] = stored
         return obj
+
+    async def get_stored(self, obj: dict[str, Any]) -> dict[str, Any] | None:
+        key = f"{obj['kind']}/{obj['metadata']['name']}"
+        self.reads.append(key)
+        return copy.deepcopy(self.stored.get(key))
 
     async def create_if_absent(self, obj: dict[str, Any]) -> bool:
         key = f"{obj['kind']}/{obj['metadata']['name']}"
@@ -363,3 +373,87 @@ async def test_a_window_opened_by_the_api_does_not_wake_a_pass_a_probe_verdict_d
     platform.fail_pod(f"{body['metadata']['name']}-cell-0")
     await rt.run_pass()
     assert rt._wake.is_set()  # a cell turned Unhealthy
+
+async def test_probes_that_change_nothing_write_no_status():
+    """Every probe moves a cell's lastProbeTime; written each time, 1,000 healthy jobs cost the
+    API server a status patch per job per probe interval (issue 13). Nothing else changed: nothing
+    is written, and the probe-age gauge still follows the probes."""
+    clock, platform, body = FakeClock(), FakePlatform(), rljob()
+    rt, kube, _ = runtime(body, platform, clock)
+    await settle(rt)
+    assert body["status"]["ready"] == "2/2"
+    written, probed = len(kube.patches), body["status"]["engines"][0].get("lastProbeTime")
+    for _ in range(5):  # five probe intervals
+        await clock.advance(1)
+        await rt.run_pass()
+    assert len(kube.patches) == written
+    live = rt.metrics.job_gauges.jobs[("ns", "job")].status["engines"][0]["lastProbeTime"]
+    assert live != probed and live == iso(clock.now())
+    platform.fail_pod("job-cell-1")  # a real change goes out, with the probe times it carries
+    await settle(rt, passes=2)
+    assert len(kube.patches) > written
+
+
+async def test_the_children_resync_reads_and_writes_only_what_drifted():
+    """Re-applying every child on the resync timer is a write per child whether or not anything
+    changed (issue 13: 200 writes/s at 1,000 jobs). The resync reads them and applies only a
+    missing or changed one."""
+    clock, platform, body = FakeClock(), FakePlatform(), rljob()
+    rt, kube, applied = runtime(body, platform, clock)
+    await settle(rt)
+    first = len(applied)
+    await clock.advance(120)  # past the children's resync
+    await settle(rt, passes=2)
+    assert len(applied) == first and "Service/job-engines" in kube.reads  # read, nothing written
+    del kube.stored["Service/job-engines"]  # someone deleted a Service
+    kube.stored["Deployment/job-rollout"]["spec"]["replicas"] = 0  # and scaled the executor down
+    await clock.advance(120)
+    await settle(rt, passes=2)
+    assert sorted(f"{o['kind']}/{o['metadata']['name']}" for o in applied[first:]) == [
+        "Deployment/job-rollout",
+        "Service/job-engines",
+    ]
+
+
+async def test_only_a_change_besides_the_status_wakes_the_loop():
+    """The operator's own status write comes back as a watch event; waking for it ran one more
+    full pass per write (issue 13). A spec edit, a label or the deletion mark still wakes."""
+    clock, platform, body = FakeClock(), FakePlatform(), rljob()
+    rt, _, _ = runtime(body, platform, clock)
+    await settle(rt)
+    event = copy.deepcopy(body)
+    event["status"] = {**event["status"], "ready": "1/2"}
+    rt._wake.clear()
+    rt.poke_for(event)
+    assert not rt._wake.is_set()
+    for change in ({"generation": 2}, {"labels": {"kueue.x-k8s.io/queue-name": "q"}},
+                   {"deletionTimestamp": "2026-12-01T10:00:00Z"}):  # fmt: skip
+        rt.poke_for({**event, "metadata": {**event["metadata"], **change}})
+        assert rt._wake.is_set(), change
+        rt._wake.clear()
+
+
+async def test_an_engine_pod_event_wakes_the_loop_only_when_a_cell_waits_for_pods_or_a_pod_fails():
+    """Pods were seen running only at the next poll (1 RLJob Ready in 3.9 s vs 0.4 s for KubeRay's
+    RayCluster, issue 13); the pod watch wakes the loop, but not for a healthy fleet's pods (our
+    own serving-label patches)."""
+    clock, platform, body = FakeClock(), FakePlatform(), rljob()
+    rt, _, _ = runtime(body, platform, clock)
+    running = {"metadata": {"name": "job-cell-0-g0-0"}, "status": {"phase": "Running"}}
+    rt.poke_for_pod(running)  # no controller yet: the first pass waits for everything
+    assert rt._wake.is_set()
+    await settle(rt)
+    assert body["status"]["ready"] == "2/2"
+    rt._wake.clear()
+    rt.poke_for_pod(running)
+    assert not rt._wake.is_set()
+    for pod in ({**running, "status": {"phase": "Failed"}},
+                {"metadata": {**running["metadata"], "deletionTimestamp": "2026-12-01T10:00:00Z"}, "status": {"phase": "Running"}}):  # fmt: skip
+        rt.poke_for_pod(pod)
+        assert rt._wake.is_set(), pod
+        rt._wake.clear()
+    body["spec"]["inference"]["replicas"] = 3
+    body["metadata"]["generation"] = 2
+    await rt.run_pass()  # a new cell, Pending: its pods are news
+    rt.poke_for_pod(running)
+    assert rt._wake.is_set()

@@ -1,9 +1,12 @@
 """Make the job's children exist: Services, executor, trainer workload, RayCluster, policies.
 
 The builders (`rljob_operator.manifests`) are pure; here they are applied (create or patch,
-deterministic names, owner references to the RLJob). Applying is level-based and cheap to
-repeat, but not free: it runs when the RLJob's generation changed (spec edits, suspend) and
-otherwise every `CHILDREN_RESYNC_SECONDS` to repair drift (a deleted Service comes back).
+deterministic names, owner references to the RLJob). Every child is applied when the RLJob's
+generation changed (spec edits, suspend) and when the operator starts on a job; otherwise,
+every `CHILDREN_RESYNC_SECONDS`, each child is read and applied again only if it is missing or
+no longer holds what was applied (`drift.holds`): drift is repaired (a deleted Service comes
+back, a hand-edited port is reverted) and a job whose children are as applied costs reads,
+never writes (an apply that changes nothing is still a write request; issue 13).
 The trainer Job's outcome is read on every pass: it decides Succeeded/Failed.
 
 A Job's pod template is immutable, so a trainer change that reaches it (replicas changes
@@ -13,11 +16,14 @@ Kubeflow Trainer and JobSet do when a gang's shape changes. A trainer Job that f
 recreated the same way, as the next attempt, while `reconcile/trainer_restart.py` allows it.
 
 The job's Ray token Secret is created before anything that reads it, once, and never
-re-applied (`manifests.rayauth`); the token is drawn here, the only impure part of it.
+re-applied (`manifests.rayauth`); the token is drawn here, the only impure part of it. It is
+made with the full apply (never read back: the operator has no permission to read Secrets),
+so a deleted token Secret comes back at the next spec change or operator start.
 """
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, replace
@@ -40,6 +46,7 @@ from rljob_operator.manifests import (
 from rljob_operator.manifests.podspec import placement_fields
 from rljob_operator.names import trainer_name
 from rljob_operator.reconcile.context import JobContext
+from rljob_operator.reconcile.drift import holds
 from rljob_operator.reconcile.flow import StepResult
 from rljob_operator.reconcile.job_status import TrainerState, failed_at, trainer_state
 from rljob_operator.reconcile.trainer_restart import (
@@ -145,10 +152,14 @@ async def ensure_children(
     if verdict.action is TrainerAction.restart:
         await restart_trainer(job, spec, job_object, controller_url, verdict)
         state, message, applied = TrainerState.running, "", Applied(generation, now, noted)
-    if applied is None or applied.generation != generation or now - applied.at >= CHILDREN_RESYNC_SECONDS:
-        await ensure_ray_auth_secret(job, job_object)
-        for obj in desired_children(job_object, controller_url, executor_flavors, attempt):
-            await apply_child(job, obj)
+    if applied is None or applied.generation != generation:
+        await ensure_ray_auth_secret(job, job_object)  # before anything that mounts it
+        objs = desired_children(job_object, controller_url, executor_flavors, attempt)
+        await asyncio.gather(*(apply_child(job, obj) for obj in objs))
+        applied = Applied(generation, now, noted)
+    elif now - applied.at >= CHILDREN_RESYNC_SECONDS:
+        objs = desired_children(job_object, controller_url, executor_flavors, attempt)
+        await asyncio.gather(*(reapply_if_drifted(job, obj) for obj in objs))
         applied = Applied(generation, now, noted)
     elif applied.backoff_noted != noted:
         applied = replace(applied, backoff_noted=noted)
@@ -192,6 +203,11 @@ async def job_gone(job: JobContext, name: str, uid: str | None, attempts: int = 
 async def ensure_ray_auth_secret(job: JobContext, job_object: dict[str, Any]) -> None:
     """The job's Ray token Secret: created with a fresh token if absent, else left alone."""
     await job.kube.create_if_absent(ray_auth_secret(job_object, secrets.token_urlsafe(32)))
+
+
+async def reapply_if_drifted(job: JobContext, obj: dict[str, Any]) -> None:
+    if not holds(await job.kube.get_stored(obj), obj):
+        await apply_child(job, obj)
 
 
 async def apply_child(job: JobContext, obj: dict[str, Any]) -> None:
