@@ -146,3 +146,29 @@ def test_a_410_gone_and_a_stalled_watch_are_survived(cluster, namespace, proxy, 
         lambda: converged(kube, "quiet", 1), 120, what="the job handled after the stalled watch was given up"
     )
     assert gone.applied == 1 and op.proc.poll() is None
+
+
+def cell_restarts(kube: Kube, job: str) -> dict[str, int]:
+    return {c["name"]: int(c.get("restarts", 0)) for c in kube.status(job).get("engines") or []}
+
+
+def test_stale_pod_lists_never_recreate_a_serving_cell(cluster, namespace, proxy, operators):
+    """Fault: once the job serves, its pod LISTs are answered with the first answer of each
+    (recorded when no pod existed yet): a read from a cache behind by minutes.
+    Expectation: a stale "no pods" is not taken for dead cells: none is recreated (restarts
+    stay 0, no second pod for a slot in the audit log), the weight version is kept, and the
+    job is still 2/2 once fresh answers come back."""
+    kube = Kube(cluster, namespace)
+    stale = proxy.add(Fault("stale", "GET", "pods", watch=False, skip=10**9, times=0))
+    op = operators()
+    kube.apply(make_rljob("stale", replicas=2))
+    wait_for(lambda: converged(kube, "stale", 2), 120, what="2/2 before the stale reads")
+    before = kube.status("stale")
+    pods_before = sorted(p["metadata"]["name"] for p in kube.engine_pods("stale"))
+    stale.skip, stale.times = stale.matched, 4  # from now on the next reads get the old answers
+    wait_for(lambda: stale.applied >= 4, 60, what="four stale pod lists answered")
+    wait_for(lambda: converged(kube, "stale", 2), 60, what="2/2 after the stale reads")
+    assert cell_restarts(kube, "stale") == {n: 0 for n in cell_restarts(kube, "stale")} != {}
+    assert sorted(p["metadata"]["name"] for p in kube.engine_pods("stale")) == pods_before
+    assert kube.status("stale").get("weightVersion") == before.get("weightVersion")
+    assert op.proc.poll() is None, "the operator died:\n" + op.log_tail()
