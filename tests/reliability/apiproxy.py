@@ -196,7 +196,7 @@ class ApiProxy:
             early = await self._inject(fault, request)
             if early is not None:
                 return early
-        response = await self._forward(request, watch, [f for f in matching if f.action in EVENT_ACTIONS])
+        response = await self._forward(request, watch)
         if fault is not None and fault.action == "after" and fault.after is not None:
             fault.after()
         if isinstance(response, web.Response) and response.body is not None and response.status == 200:
@@ -233,9 +233,16 @@ class ApiProxy:
             return resp
         raise ValueError(f"unknown fault action {fault.action!r}")
 
-    async def _forward(
-        self, request: web.Request, watch: bool, event_faults: list[Fault]
-    ) -> web.StreamResponse:
+    def _event_faults(self, request: web.Request) -> list[Fault]:
+        """The event faults of a watch, looked up per event: one added while the stream is
+        open acts on its next events."""
+        return [
+            f
+            for f in list(self.faults)
+            if f.action in EVENT_ACTIONS and f.matches(request.method, request.path, True)
+        ]
+
+    async def _forward(self, request: web.Request, watch: bool) -> web.StreamResponse:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
         body = await request.read()
         url = self.upstream.server + request.path_qs
@@ -250,13 +257,10 @@ class ApiProxy:
             await resp.prepare(request)
             pending = b""
             async for chunk in up.content.iter_any():
-                if not event_faults:
-                    await resp.write(chunk)
-                    continue
                 pending += chunk
                 *lines, pending = pending.split(b"\n")
                 for line in lines:
-                    if await self._pass_event(line, event_faults):
+                    if await self._pass_event(line, self._event_faults(request)):
                         await resp.write(line + b"\n")
             if pending:
                 await resp.write(pending)
