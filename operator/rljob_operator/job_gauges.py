@@ -46,7 +46,9 @@ def job_samples(snap: JobSnapshot, now: float) -> list[Sample]:
     if phase == Phase.Failed.value:
         # Why, as a label: a job whose cells all spent their budget shows no cells once it is
         # Failed, so the budget alert needs the reason to outlive them.
-        failed = next((c for c in status.get("conditions") or [] if c.get("type") == "Failed"), {})
+        failed: Mapping[str, Any] = next(
+            (c for c in status.get("conditions") or [] if c.get("type") == "Failed"), {}
+        )
         out.append(("rljob_job_failed", (str(failed.get("reason") or "Unknown"),), 1.0))
     states = [str(e.get("state", CellState.Pending.value)) for e in engines]
     out += [("rljob_cells", (s.value,), float(states.count(s.value))) for s in CellState]

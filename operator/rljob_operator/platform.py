@@ -26,6 +26,19 @@ from rljob_operator.names import engine_pod_name
 log = logging.getLogger(__name__)
 
 
+class StaleRead(RuntimeError):
+    """A LIST answered at an older resourceVersion than one this platform already saw."""
+
+
+def list_version(result: Mapping[str, Any] | None) -> int | None:
+    """A LIST's resourceVersion as a number (etcd's revision), None when it is not one."""
+    rv = ((result or {}).get("metadata") or {}).get("resourceVersion")
+    try:
+        return int(rv) if rv is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
 def _ready(pod: Mapping[str, Any]) -> bool:
     for cond in (pod.get("status") or {}).get("conditions") or []:
         if cond.get("type") == "Ready":
@@ -107,6 +120,7 @@ class KubernetesPlatform:
         # it an API round trip more per cell). A cell is labelled serving only after a pass observed
         # its pods running, so a cell's entry is never older than the pods it must label.
         self._live_pods: dict[str, tuple[str, ...]] = {}
+        self._list_version = 0  # the newest pod LIST seen: an older answer is refused
 
     @property
     def job(self) -> JobView:
@@ -120,9 +134,23 @@ class KubernetesPlatform:
         return resource_path("v1", "Pod", self.namespace, name)
 
     async def _list_pods(self, selector: Mapping[str, str]) -> list[dict[str, Any]]:
+        """The pods of `selector`, never older than the last list this platform acted on.
+
+        A LIST without a resourceVersion is a consistent read, but one served from a lagging
+        cache (an API server replica behind, a proxy) may predate pods we saw: acted on, it
+        reads as "the cell's pods are gone" and a live cell would be recreated beside itself.
+        Such an answer raises `StaleRead` (the pass fails and is retried) instead.
+        """
         result = await self.kube.call(
             "GET", self._pods_path(), [("labelSelector", L.selector_string(selector))]
         )
+        version = list_version(result)
+        if version is not None:
+            if version < self._list_version:
+                raise StaleRead(
+                    f"pod list at resourceVersion {version}, older than {self._list_version} already seen"
+                )
+            self._list_version = version
         return list((result or {}).get("items") or [])
 
     async def create_cell(self, request: CellRequest) -> None:

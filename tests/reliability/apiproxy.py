@@ -10,8 +10,14 @@ A `Fault` matches requests (method, resource, watch or not) and does one thing t
 `times` of them, after `skip` matching ones went through untouched: answer a status of its
 own (429 with Retry-After, 500, 503, a watch's `410 Gone` event), reset the connection, delay
 the request, stall a watch stream (headers sent, then nothing until the client gives up), or
-call `after` once the k-th matching write was answered (a test SIGKILLs the operator there).
-Faults are added and removed while the proxy runs; `seen` counts the requests by fault.
+call `after` once the k-th matching write was answered (a test SIGKILLs the operator there),
+or answer a read with an older response (`stale`: the first answer to each path and query is
+recorded, later matches get it again, an informer cache or an API server replica behind).
+Two actions act on the events of a watch stream instead of on requests (`skip` and `times`
+count events: ADDED, MODIFIED, DELETED, never BOOKMARK or ERROR): `drop` loses an event,
+`lag` holds it (and the stream behind it) back for `seconds`. `outage(seconds)` emulates a
+kube-apiserver restart: every open connection is cut and every request refused until it ends.
+Faults are added and removed while the proxy runs; `matched`/`applied` count them.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from typing import Any
 import yaml
 from aiohttp import ClientSession, ClientTimeout, TCPConnector, web
 
+EVENT_ACTIONS = ("drop", "lag")  # act on a watch stream's events, not on the request
 HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection", "authorization"}
 
 
@@ -36,7 +43,7 @@ HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection", "aut
 class Fault:
     """What to do to matching requests; `times=0` means every match."""
 
-    action: str  # status | reset | delay | stall | gone | after
+    action: str  # status | reset | delay | stall | gone | after | stale | drop | lag
     method: str | None = None  # GET, POST, PATCH, PUT, DELETE (None: any)
     resource: str | None = None  # a path segment, e.g. "pods", "rljobs", "status"
     watch: bool | None = None  # only watches (True), never watches (False), either (None)
@@ -48,6 +55,7 @@ class Fault:
     after: Callable[[], None] | None = None
     matched: int = 0
     applied: int = 0
+    recorded: dict[str, tuple[int, bytes, dict[str, str]]] = field(default_factory=dict)
 
     def matches(self, method: str, path: str, watch: bool) -> bool:
         if self.method and method != self.method:
@@ -88,6 +96,8 @@ class ApiProxy:
     _loop: asyncio.AbstractEventLoop | None = None
     _thread: threading.Thread | None = None
     _runner: web.AppRunner | None = None
+    _down_until: float = 0.0
+    _open: set[asyncio.Transport] = field(default_factory=set)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> ApiProxy:
@@ -133,6 +143,22 @@ class ApiProxy:
     def clear(self) -> None:
         self.faults.clear()
 
+    def outage(self, seconds: float) -> int:
+        """A kube-apiserver restart as its clients see it: every open connection (watches
+        included) is cut now, and every request is cut unanswered for `seconds`. Returns how
+        many connections were open."""
+        assert self._loop is not None
+
+        async def cut() -> int:
+            assert self._loop is not None
+            self._down_until = self._loop.time() + seconds
+            n = len(self._open)
+            for transport in list(self._open):
+                transport.abort()
+            return n
+
+        return asyncio.run_coroutine_threadsafe(cut(), self._loop).result(10)
+
     # ------------------------------------------------------------------ serving
     async def _serve(self) -> None:
         self._session = ClientSession(
@@ -147,18 +173,36 @@ class ApiProxy:
         self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
+        assert request.transport is not None
+        if asyncio.get_running_loop().time() < self._down_until:
+            request.transport.abort()  # the API server is restarting: nobody answers
+            return web.Response(status=503)  # never reaches the client
+        self._open.add(request.transport)
+        try:
+            return await self._handle_up(request)
+        finally:
+            self._open.discard(request.transport)
+
+    async def _handle_up(self, request: web.Request) -> web.StreamResponse:
         watch = request.query.get("watch") in ("true", "1")
-        fault = next(
-            (f for f in list(self.faults) if f.matches(request.method, request.path, watch) and f.take()),
-            None,
-        )
-        if fault is not None and fault.action != "after":
+        matching = [f for f in list(self.faults) if f.matches(request.method, request.path, watch)]
+        fault = next((f for f in matching if f.action not in EVENT_ACTIONS and f.take()), None)
+        if fault is not None and fault.action == "stale":
+            if request.path_qs in fault.recorded:
+                status, body, headers = fault.recorded[request.path_qs]
+                return web.Response(status=status, body=body, headers=headers)
+            fault.applied -= 1  # nothing recorded yet for this read: it goes through (and is recorded)
+        elif fault is not None and fault.action != "after":
             early = await self._inject(fault, request)
             if early is not None:
                 return early
         response = await self._forward(request, watch)
         if fault is not None and fault.action == "after" and fault.after is not None:
             fault.after()
+        if isinstance(response, web.Response) and response.body is not None and response.status == 200:
+            for f in matching:  # a stale fault records the first answer to each read
+                if f.action == "stale" and request.path_qs not in f.recorded:
+                    f.recorded[request.path_qs] = (200, bytes(response.body), dict(response.headers))  # type: ignore[arg-type]
         return response
 
     async def _inject(self, fault: Fault, request: web.Request) -> web.StreamResponse | None:
@@ -189,6 +233,15 @@ class ApiProxy:
             return resp
         raise ValueError(f"unknown fault action {fault.action!r}")
 
+    def _event_faults(self, request: web.Request) -> list[Fault]:
+        """The event faults of a watch, looked up per event: one added while the stream is
+        open acts on its next events."""
+        return [
+            f
+            for f in list(self.faults)
+            if f.action in EVENT_ACTIONS and f.matches(request.method, request.path, True)
+        ]
+
     async def _forward(self, request: web.Request, watch: bool) -> web.StreamResponse:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
         body = await request.read()
@@ -202,10 +255,31 @@ class ApiProxy:
                 return web.Response(status=up.status, body=data, headers=out_headers)
             resp = web.StreamResponse(status=up.status, headers=out_headers)
             await resp.prepare(request)
+            pending = b""
             async for chunk in up.content.iter_any():
-                await resp.write(chunk)
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    if await self._pass_event(line, self._event_faults(request)):
+                        await resp.write(line + b"\n")
+            if pending:
+                await resp.write(pending)
             await resp.write_eof()
             return resp
+
+    @staticmethod
+    async def _pass_event(line: bytes, event_faults: list[Fault]) -> bool:
+        """Whether one line of a watch stream goes on to the client (a `lag` holds it first)."""
+        with contextlib.suppress(ValueError):
+            if json.loads(line).get("type") not in ("ADDED", "MODIFIED", "DELETED"):
+                return True
+        fault = next((f for f in event_faults if f.take()), None)
+        if fault is None:
+            return True
+        if fault.action == "lag":
+            await asyncio.sleep(fault.seconds)
+            return True
+        return False  # drop
 
 
 def counts(proxy: ApiProxy) -> dict[str, Any]:

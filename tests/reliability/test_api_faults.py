@@ -146,3 +146,105 @@ def test_a_410_gone_and_a_stalled_watch_are_survived(cluster, namespace, proxy, 
         lambda: converged(kube, "quiet", 1), 120, what="the job handled after the stalled watch was given up"
     )
     assert gone.applied == 1 and op.proc.poll() is None
+
+
+def cell_restarts(kube: Kube, job: str) -> dict[str, int]:
+    return {c["name"]: int(c.get("restarts", 0)) for c in kube.status(job).get("engines") or []}
+
+
+def test_stale_pod_lists_never_recreate_a_serving_cell(cluster, namespace, proxy, operators):
+    """Fault: once the job serves, its pod LISTs are answered with the first answer of each
+    (recorded when no pod existed yet): a read from a cache behind by minutes.
+    Expectation: a stale "no pods" is not taken for dead cells: none is recreated (restarts
+    stay 0, no second pod for a slot in the audit log), the weight version is kept, and the
+    job is still 2/2 once fresh answers come back."""
+    kube = Kube(cluster, namespace)
+    stale = proxy.add(Fault("stale", "GET", "pods", watch=False, skip=10**9, times=0))
+    op = operators()
+    kube.apply(make_rljob("stale", replicas=2))
+    wait_for(lambda: converged(kube, "stale", 2), 120, what="2/2 before the stale reads")
+    before = kube.status("stale")
+    pods_before = sorted(p["metadata"]["name"] for p in kube.engine_pods("stale"))
+    stale.skip, stale.times = stale.matched, 4  # from now on the next reads get the old answers
+    wait_for(lambda: stale.applied >= 4, 60, what="four stale pod lists answered")
+    wait_for(lambda: converged(kube, "stale", 2), 60, what="2/2 after the stale reads")
+    assert cell_restarts(kube, "stale") == {n: 0 for n in cell_restarts(kube, "stale")} != {}
+    assert sorted(p["metadata"]["name"] for p in kube.engine_pods("stale")) == pods_before
+    assert kube.status("stale").get("weightVersion") == before.get("weightVersion")
+    assert op.proc.poll() is None, "the operator died:\n" + op.log_tail()
+
+
+def live_engine_pods(kube: Kube, job: str) -> list[str]:
+    return sorted(
+        p["metadata"]["name"] for p in kube.engine_pods(job) if not p["metadata"].get("deletionTimestamp")
+    )
+
+
+def scale(cluster: Any, namespace: str, job: str, replicas: int) -> None:
+    """Edit the spec with kubectl, straight to the API server (not through the proxy)."""
+    patch = f'{{"spec":{{"inference":{{"replicas":{replicas}}}}}}}'
+    cluster.kubectl("patch", "rlj", job, "-n", namespace, "--type=merge", "-p", patch)
+
+
+def test_a_stale_rljob_list_on_restart_never_undoes_a_newer_spec(cluster, namespace, proxy, operators):
+    """Fault: a restarted operator's LIST of RLJobs (kopf lists once, then watches from the
+    list's resourceVersion) is answered with the first answer its predecessor got, the job at generation 1 (1 replica) while it is at generation 2 (2
+    replicas) and served as such. Expectation: the old spec is never acted on: no cell is
+    deleted or recreated (the same two pods throughout), status.observedGeneration never goes
+    back to 1 (audit log), and the job is 2/2 at generation 2."""
+    kube = Kube(cluster, namespace)
+    kube.apply(make_rljob("relist", replicas=1))
+    stale = proxy.add(Fault("stale", "GET", "rljobs", watch=False, skip=10**9, times=0))
+    first = operators("--watch-server-timeout", "4", "--watch-client-timeout", "6", identity="op-a")
+    wait_for(lambda: converged(kube, "relist", 1), 120, what="1/1 at generation 1")
+    scale(cluster, namespace, "relist", 2)
+    wait_for(lambda: converged(kube, "relist", 2), 120, what="2/2 at generation 2")
+    wait_for(lambda: kube.status("relist").get("observedGeneration") == 2, 30, what="observedGeneration 2")
+    pods = live_engine_pods(kube, "relist")
+    first.stop()
+    stale.skip, stale.times = stale.matched, 1
+    op = operators("--watch-server-timeout", "4", "--watch-client-timeout", "6", identity="op-b")
+    wait_for(lambda: stale.applied == 1, 60, what="the stale RLJob list answered")
+    wait_for(lambda: converged(kube, "relist", 2), 60, what="2/2 after the stale lists")
+    assert live_engine_pods(kube, "relist") == pods
+    assert kube.status("relist").get("observedGeneration") == 2
+    assert cell_restarts(kube, "relist") == {n: 0 for n in pods and cell_restarts(kube, "relist")}
+    assert op.proc.poll() is None, "the operator died:\n" + op.log_tail()
+
+
+def test_an_api_server_restart_is_reconnected_to(cluster, namespace, proxy, operators):
+    """Fault: the API server "restarts" (emulated at the proxy: every open connection, watches
+    and the Lease's included, is cut, and every request cut for 5 s, within the chart's renew
+    deadline of 10 s) while the spec is scaled from 1 to 2. Expectation: the operator lives,
+    reconnects, still leads and converges to 2/2, the first cell kept (same pod, restarts 0).
+    (An outage past the renew deadline makes it exit on purpose, as client-go's elector does.)"""
+    kube = Kube(cluster, namespace)
+    op = operators("--lease-duration", "15", "--renew-deadline", "10", "--retry-period", "2")
+    kube.apply(make_rljob("bounce", replicas=1))
+    wait_for(lambda: converged(kube, "bounce", 1), 120, what="1/1 before the restart")
+    pods = live_engine_pods(kube, "bounce")
+    assert proxy.outage(5.0) > 0, "no connection was open to cut"
+    scale(cluster, namespace, "bounce", 2)
+    wait_for(lambda: converged(kube, "bounce", 2), 120, what="2/2 after the API server came back")
+    assert set(pods) <= set(live_engine_pods(kube, "bounce"))
+    assert cell_restarts(kube, "bounce") == {"bounce-cell-0": 0, "bounce-cell-1": 0}
+    assert op.proc.poll() is None and op.is_leader(), "the operator died or leads no more:\n" + op.log_tail()
+
+
+def test_a_dropped_spec_edit_event_is_made_up_for_by_the_resync(cluster, namespace, proxy, operators):
+    """Fault: once the job serves 1 cell, every RLJob watch event is dropped (kopf continues
+    its watch from the last resourceVersion it saw and never re-lists on its own, so the
+    edit to 2 replicas never reaches its view). Expectation: the operator's resync reads the
+    RLJob and converges to 2/2 anyway, the first cell kept (same pod, restarts 0)."""
+    kube = Kube(cluster, namespace)
+    op = operators()
+    kube.apply(make_rljob("deafjob", replicas=1))
+    wait_for(lambda: converged(kube, "deafjob", 1), 120, what="1/1 before the drops")
+    pods = live_engine_pods(kube, "deafjob")
+    drop = proxy.add(Fault("drop", "GET", "rljobs", watch=True, times=0))
+    scale(cluster, namespace, "deafjob", 2)
+    wait_for(lambda: drop.applied > 0, 30, what="the spec edit's watch event dropped")
+    wait_for(lambda: converged(kube, "deafjob", 2), 60, what="2/2 with every RLJob event dropped")
+    assert set(pods) <= set(live_engine_pods(kube, "deafjob"))
+    assert cell_restarts(kube, "deafjob") == {"deafjob-cell-0": 0, "deafjob-cell-1": 0}
+    assert op.proc.poll() is None, "the operator died:\n" + op.log_tail()

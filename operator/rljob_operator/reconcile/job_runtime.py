@@ -104,7 +104,9 @@ class JobRuntime:
         acting: Callable[[], bool] = lambda: True,
     ) -> None:
         meta = body.get("metadata") or {}
-        self.body = body  # kopf's live view: spec/metadata change under us as the watch sees them
+        self.watched = body  # kopf's live view: spec/metadata change under us as the watch sees them
+        self._read: Mapping[str, Any] | None = None  # the RLJob as the resync last read it
+        self._read_at = float("-inf")
         self.namespace: str = meta["namespace"]
         self.name: str = meta["name"]
         self.metrics = metrics
@@ -129,6 +131,27 @@ class JobRuntime:
         self._pass_key: tuple[Any, ...] | None = None  # wake_key of the body the last pass started from
 
     # ---------------------------------------------------------------- views
+    @property
+    def body(self) -> Mapping[str, Any]:
+        """The newer of kopf's view and the resync's read, by metadata.generation.
+
+        kopf watches from the last resourceVersion it saw and re-lists only after a 410: a
+        watch event lost on the way (a proxy, a connection cut mid-event) leaves its view old
+        until the object changes again, a spec edit never acted on. The resync's read makes
+        that up; a generation never goes back, so neither view can undo a newer spec.
+        """
+        if self._read is not None and _generation(self._read) > _generation(self.watched):
+            return self._read
+        return self.watched
+
+    async def refresh(self) -> None:
+        """Read the RLJob at most once a resync period (a consistent GET)."""
+        now = self.job.clock.now()
+        if now - self._read_at < self.resync_seconds:
+            return
+        self._read_at = now
+        self._read = await self.job.kube.get_rljob(self.namespace, self.name)
+
     @property
     def generation(self) -> int | None:
         g = (self.body.get("metadata") or {}).get("generation")
@@ -269,6 +292,8 @@ class JobRuntime:
         self._pass_key = wake_key(self.body)
         step = "pass"
         try:
+            step = "read"
+            await self.refresh()
             step = "queue"
             await self.ask_kueue()
             step = "pass"
@@ -313,3 +338,7 @@ class JobRuntime:
             wake.cancel()
             stop.cancel()
         self._wake.clear()
+
+
+def _generation(body: Mapping[str, Any]) -> int:
+    return int((body.get("metadata") or {}).get("generation") or 0)
