@@ -13,6 +13,7 @@ as the last status write.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -32,6 +33,12 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 SPECS: tuple[MetricSpec, ...] = (
     MetricSpec("rljob_operator_leader", "gauge", (), "1 while this replica holds the leader Lease."),
     MetricSpec("rljob_jobs", "gauge", (), "RLJobs with a running controller on this replica."),
+    MetricSpec(
+        "rljob_operator_asyncio_tasks",
+        "gauge",
+        (),
+        "asyncio tasks alive on the operator's event loop, counted at scrape time.",
+    ),
     MetricSpec(
         "rljob_job_phase",
         "gauge",
@@ -148,6 +155,16 @@ class JobGauges(Collector):
         return [GaugeMetricFamily(s.name, s.help, labels=s.labels) for s in SCRAPED]
 
 
+def asyncio_task_count() -> float:
+    """Tasks alive on the running loop (0 outside one). /metrics is served on the operator's own
+    loop, so a scrape counts the operator's tasks: a task leaked per job, window or restart (a
+    probe or watch never cancelled) shows as a line that keeps rising (bench/soak.py reads it)."""
+    try:
+        return float(len(asyncio.all_tasks(asyncio.get_running_loop())))
+    except RuntimeError:
+        return 0.0
+
+
 class Metrics:
     def __init__(self, clock: Clock | None = None) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
@@ -165,6 +182,8 @@ class Metrics:
         self.api_seconds = built["rljob_controller_api_duration_seconds"]
         self.leader = built["rljob_operator_leader"]
         self.jobs = built["rljob_jobs"]
+        self.asyncio_tasks = built["rljob_operator_asyncio_tasks"]
+        self.asyncio_tasks.set_function(asyncio_task_count)
 
     def set_max_restarts(self, namespace: str, job: str, max_restarts: int) -> None:
         snap = self.job_gauges.jobs.setdefault((namespace, job), JobSnapshot())

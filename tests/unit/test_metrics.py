@@ -4,6 +4,7 @@ exist (a renamed metric would leave them silently empty)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from pathlib import Path
@@ -85,6 +86,22 @@ def test_operator_exports_every_declared_family_with_its_type() -> None:
     assert 'rljob_cell_last_probe_age_seconds{cell="j-cell-0",job="j",namespace="ns"} 2.0' in text
     m.forget_job("ns", "j")
     assert "j-cell-0" not in m.exposition().decode()
+
+
+def test_the_asyncio_task_gauge_counts_the_tasks_of_the_loop_that_serves_the_scrape() -> None:
+    """Counted when scraped, on the loop that serves /metrics: a task left running shows at once."""
+
+    async def scrape_with(extra: int) -> float:
+        release = asyncio.Event()
+        tasks = [asyncio.create_task(release.wait()) for _ in range(extra)]
+        await asyncio.sleep(0)
+        text = Metrics().exposition().decode()
+        release.set()
+        await asyncio.gather(*tasks)
+        return float(re.search(r"^rljob_operator_asyncio_tasks (\S+)$", text, re.M)[1])  # type: ignore[index]
+
+    assert asyncio.run(scrape_with(5)) - asyncio.run(scrape_with(0)) == 5
+    assert "rljob_operator_asyncio_tasks 0.0" in Metrics().exposition().decode()  # no loop: 0
 
 
 def test_each_closed_window_is_counted_once_by_its_outcome() -> None:
