@@ -69,6 +69,8 @@ from tests.reliability import history  # noqa: E402
 TARGET_GROWTH_PCT_PER_HOUR = 5.0
 STEADY = "soak-w"  # the long-lived job: windows and engine kills
 STEADY_REPLICAS = 2
+# --smoke (and tests/reliability/test_soak_smoke.py): one short cycle, then one restart.
+SMOKE = {"minutes": 0.01, "sample_seconds": 0.0, "restart_minutes": 60.0, "warmup": 0}
 WAIT = 120.0  # seconds any one step may take on a loaded 2-core machine
 
 
@@ -375,7 +377,8 @@ def main() -> int:
     parser.add_argument("--png", type=Path, help="the curves (default: next to --json-out, else none)")
     args = parser.parse_args()
     if args.smoke:
-        args.minutes, args.sample_seconds, args.restart_minutes, args.warmup = 0.01, 0, 60, 0
+        for key, value in SMOKE.items():
+            setattr(args, key, value)
     cluster = running_cluster()
     if cluster is None:
         print(
