@@ -104,6 +104,26 @@ def test_the_asyncio_task_gauge_counts_the_tasks_of_the_loop_that_serves_the_scr
     assert "rljob_operator_asyncio_tasks 0.0" in Metrics().exposition().decode()  # no loop: 0
 
 
+def test_a_forgotten_job_leaves_no_series_behind() -> None:
+    """A deleted job's counters and histograms go with it: under churn (bench/soak.py) every
+    job ever reconciled otherwise kept its series, and the operator's memory grew with them."""
+    m = Metrics()
+    for job in ("gone", "kept"):
+        m.reconciles.labels("ns", job).inc()
+        m.reconcile_seconds.labels("ns", job).observe(0.1)
+        m.probe_seconds.labels("ns", job).observe(0.01)
+        m.restarts.labels("ns", job).inc()
+        m.reconcile_errors.labels("ns", job, "engines").inc()
+        m.count_event("ns", job, ControllerEvent(Reason.WeightsUpdated, "v2", outcome="completed"))
+        m.observe_status("ns", job, STATUS)
+    m.api_calls.labels("start_update_weights", "200").inc()
+    m.forget_job("ns", "gone")
+    text = m.exposition().decode()
+    assert 'job="gone"' not in text
+    assert 'rljob_reconcile_total{job="kept",namespace="ns"} 1.0' in text
+    assert 'rljob_controller_api_calls_total{code="200",verb="start_update_weights"} 1.0' in text
+
+
 def test_each_closed_window_is_counted_once_by_its_outcome() -> None:
     m = Metrics()
     events = [
