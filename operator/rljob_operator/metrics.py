@@ -13,6 +13,7 @@ as the last status write.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -32,6 +33,12 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 SPECS: tuple[MetricSpec, ...] = (
     MetricSpec("rljob_operator_leader", "gauge", (), "1 while this replica holds the leader Lease."),
     MetricSpec("rljob_jobs", "gauge", (), "RLJobs with a running controller on this replica."),
+    MetricSpec(
+        "rljob_operator_asyncio_tasks",
+        "gauge",
+        (),
+        "asyncio tasks alive on the operator's event loop, counted at scrape time.",
+    ),
     MetricSpec(
         "rljob_job_phase",
         "gauge",
@@ -148,12 +155,26 @@ class JobGauges(Collector):
         return [GaugeMetricFamily(s.name, s.help, labels=s.labels) for s in SCRAPED]
 
 
+def asyncio_task_count() -> float:
+    """Tasks alive on the running loop (0 outside one). /metrics is served on the operator's own
+    loop, so a scrape counts the operator's tasks: a task leaked per job, window or restart (a
+    probe or watch never cancelled) shows as a line that keeps rising (bench/soak.py reads it)."""
+    try:
+        return float(len(asyncio.all_tasks(asyncio.get_running_loop())))
+    except RuntimeError:
+        return 0.0
+
+
 class Metrics:
     def __init__(self, clock: Clock | None = None) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
         self.job_gauges = JobGauges(clock or RealClock())
         built: dict[str, Any] = {s.name: build_metric(s, r) for s in SPECS if s not in SCRAPED}
         r.register(self.job_gauges)
+        # Counters and histograms labelled by job: their series of a deleted job are dropped
+        # with it (forget_job). Kept, every job ever reconciled added ~30-50 series for good: the
+        # operator's memory and /metrics grew with churn (bench/soak.py found it).
+        self.per_job = [built[s.name] for s in SPECS if s.name in built and s.labels[:2] == JOB]
         self.reconciles = built["rljob_reconcile_total"]
         self.reconcile_errors = built["rljob_reconcile_errors_total"]
         self.reconcile_seconds = built["rljob_reconcile_duration_seconds"]
@@ -165,6 +186,8 @@ class Metrics:
         self.api_seconds = built["rljob_controller_api_duration_seconds"]
         self.leader = built["rljob_operator_leader"]
         self.jobs = built["rljob_jobs"]
+        self.asyncio_tasks = built["rljob_operator_asyncio_tasks"]
+        self.asyncio_tasks.set_function(asyncio_task_count)
 
     def set_max_restarts(self, namespace: str, job: str, max_restarts: int) -> None:
         snap = self.job_gauges.jobs.setdefault((namespace, job), JobSnapshot())
@@ -181,7 +204,10 @@ class Metrics:
             self.windows.labels(namespace, job, event.outcome).inc()
 
     def forget_job(self, namespace: str, job: str) -> None:
+        """The job is gone from this replica: its gauges and its labelled series go too."""
         self.job_gauges.jobs.pop((namespace, job), None)
+        for metric in self.per_job:
+            metric.remove_by_labels({"namespace": namespace, "job": job})
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

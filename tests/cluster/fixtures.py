@@ -189,14 +189,25 @@ def _bin_dir() -> Path | None:
 _STATE: dict[str, Any] = {}
 
 
+def running_cluster() -> Cluster | None:
+    """This environment's test cluster if it is up (API answers, agent running), else None.
+    Outside pytest too: a benchmark (bench/soak.py) uses the cluster `tests/cluster/up` left."""
+    cache = cache_dir()
+    bin_dir = _bin_dir()
+    if bin_dir is not None and _cluster_alive(cache, bin_dir) and _agent_alive(cache):
+        return Cluster(cache / "kubeconfig", bin_dir, cache, netns=cluster_netns(cache))
+    return None
+
+
 def _ensure_cluster(config: pytest.Config) -> None:
     if _STATE:
         return
     cache = cache_dir()
-    bin_dir = _bin_dir()
-    if bin_dir is not None and _cluster_alive(cache, bin_dir) and _agent_alive(cache):
-        _STATE["result"] = ("ok", Cluster(cache / "kubeconfig", bin_dir, cache, netns=cluster_netns(cache)))
+    running = running_cluster()
+    if running is not None:
+        _STATE["result"] = ("ok", running)
         return
+    bin_dir = _bin_dir()
     tr = config.pluginmanager.get_plugin("terminalreporter")
     if bin_dir is None:
         if shutil.which("go") is None:

@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import warnings
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -15,9 +13,7 @@ from tests.cluster.fixtures import in_ci
 from tests.integration.test_helm_chart import helm  # noqa: F401  (the real helm binary, as a fixture)
 from tests.reliability import history
 
-
-def audit_log(cluster: Any) -> Path:
-    return Path(cluster.cache) / "kwok" / "clusters" / cluster.name / "logs" / "audit.log"
+audit_log = history.audit_log  # one definition: bench/soak.py reads the same log
 
 
 @pytest.fixture(autouse=True)

@@ -63,6 +63,11 @@ class Event:
         return self.ok and (self.verb == "create" or (self.verb == "patch" and self.code == 201))
 
 
+def audit_log(cluster: Any) -> Path:
+    """Where the test cluster's kube-apiserver writes its audit log (tests/cluster/up)."""
+    return Path(cluster.cache) / "kwok" / "clusters" / cluster.name / "logs" / "audit.log"
+
+
 def read(path: Path, namespace: str) -> list[Event]:
     """The completed requests of `namespace`, in order."""
     out = []

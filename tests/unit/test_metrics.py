@@ -4,6 +4,7 @@ exist (a renamed metric would leave them silently empty)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from pathlib import Path
@@ -85,6 +86,42 @@ def test_operator_exports_every_declared_family_with_its_type() -> None:
     assert 'rljob_cell_last_probe_age_seconds{cell="j-cell-0",job="j",namespace="ns"} 2.0' in text
     m.forget_job("ns", "j")
     assert "j-cell-0" not in m.exposition().decode()
+
+
+def test_the_asyncio_task_gauge_counts_the_tasks_of_the_loop_that_serves_the_scrape() -> None:
+    """Counted when scraped, on the loop that serves /metrics: a task left running shows at once."""
+
+    async def scrape_with(extra: int) -> float:
+        release = asyncio.Event()
+        tasks = [asyncio.create_task(release.wait()) for _ in range(extra)]
+        await asyncio.sleep(0)
+        text = Metrics().exposition().decode()
+        release.set()
+        await asyncio.gather(*tasks)
+        return float(re.search(r"^rljob_operator_asyncio_tasks (\S+)$", text, re.M)[1])  # type: ignore[index]
+
+    assert asyncio.run(scrape_with(5)) - asyncio.run(scrape_with(0)) == 5
+    assert "rljob_operator_asyncio_tasks 0.0" in Metrics().exposition().decode()  # no loop: 0
+
+
+def test_a_forgotten_job_leaves_no_series_behind() -> None:
+    """A deleted job's counters and histograms go with it: under churn (bench/soak.py) every
+    job ever reconciled otherwise kept its series, and the operator's memory grew with them."""
+    m = Metrics()
+    for job in ("gone", "kept"):
+        m.reconciles.labels("ns", job).inc()
+        m.reconcile_seconds.labels("ns", job).observe(0.1)
+        m.probe_seconds.labels("ns", job).observe(0.01)
+        m.restarts.labels("ns", job).inc()
+        m.reconcile_errors.labels("ns", job, "engines").inc()
+        m.count_event("ns", job, ControllerEvent(Reason.WeightsUpdated, "v2", outcome="completed"))
+        m.observe_status("ns", job, STATUS)
+    m.api_calls.labels("start_update_weights", "200").inc()
+    m.forget_job("ns", "gone")
+    text = m.exposition().decode()
+    assert 'job="gone"' not in text
+    assert 'rljob_reconcile_total{job="kept",namespace="ns"} 1.0' in text
+    assert 'rljob_controller_api_calls_total{code="200",verb="start_update_weights"} 1.0' in text
 
 
 def test_each_closed_window_is_counted_once_by_its_outcome() -> None:
