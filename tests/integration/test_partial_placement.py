@@ -35,7 +35,7 @@ def test_a_half_scheduled_cell_is_deleted_and_retried_after_the_scheduling_deadl
     inf.update(gpusPerEngine=16, gpusPerNode=8)
     inf["placement"]["nodeSelector"] = {"kubernetes.io/hostname": "gpu-0"}  # room for one 8-GPU pod only
     inf["podMetadata"]["labels"].pop(PROCESS_LABEL)  # kwok runs the pod that fits; no engine needed
-    inf["healthCheck"]["schedulingDeadlineSeconds"] = 3
+    inf["healthCheck"]["schedulingDeadlineSeconds"] = 10  # long enough for kubectl polls to see each generation
     kube.apply(job)
     op = OperatorProcess(kube.cluster, kube.ns, tmp_path)
     try:
@@ -47,7 +47,7 @@ def test_a_half_scheduled_cell_is_deleted_and_retried_after_the_scheduling_deadl
         wait_for(lambda: placed(0) == [False, True], 60, what="generation 0: one pod scheduled, one not")
         events = wait_for(lambda: [e for e in kube.events("half") if e["reason"] == "SchedulingDeadlineExceeded"], 60,
                           what="SchedulingDeadlineExceeded event")
-        assert "only 1/2 pods scheduled within 3 s" in events[0]["message"]
+        assert "only 1/2 pods scheduled within 10 s" in events[0]["message"]
         wait_for(lambda: placed(1) == [False, True], 60, what="recreated as generation 1 after the backoff")
         assert placed(0) == [], "the half-placed generation 0 released its GPUs"
         assert any(e["reason"] == "CellReplaced" for e in kube.events("half"))

@@ -22,10 +22,17 @@ from rollout_executor.rayhead import RayHead, start_ray_head
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
 TOKEN = "job-a-ray-token-0123456789abcdef"
+# argv: address, then "once" (a refused caller: one try) or "retry" (the trainer's own connect,
+# `rljob_client.rayconnect`, which retries the Ray Client server's per-connection start-up: on a
+# busy machine it can miss the 1 s initial timeout and answer "Initialization failure").
 DRIVER = """
-import sys, ray
+import sys, time, ray
+from rljob_client.rayconnect import init_ray
 try:
-    ray.init(sys.argv[1], logging_level="ERROR")
+    if sys.argv[2] == "retry":
+        init_ray(sys.argv[1], "rljob-auth-test", time.monotonic() + 60)
+    else:
+        ray.init(sys.argv[1], logging_level="ERROR")
 except ConnectionError as e:
     print("REFUSED", e)
 else:
@@ -80,8 +87,8 @@ def pod_env(**ray_auth: str) -> dict[str, str]:
     return env
 
 
-def run_driver(head: RayHead, env: dict[str, str]) -> str:
-    out = subprocess.run([sys.executable, "-c", DRIVER, head.client_address], env=env, capture_output=True,
+def run_driver(head: RayHead, env: dict[str, str], mode: str = "once") -> str:
+    out = subprocess.run([sys.executable, "-c", DRIVER, head.client_address, mode], env=env, capture_output=True,
                          text=True, timeout=120)  # fmt: skip
     lines = [line for line in out.stdout.splitlines() if line.startswith(("RAN", "REFUSED"))]
     assert lines, f"driver printed no verdict: {out.stdout[-500:]} {out.stderr[-1500:]}"
@@ -105,4 +112,4 @@ def test_a_ray_client_without_the_token_runs_nothing_and_the_trainers_env_runs_a
     assert run_driver(head, pod_env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN="job-b-token")).startswith(
         "REFUSED"
     )
-    assert run_driver(head, pod_env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=TOKEN)) == "RAN 42"
+    assert run_driver(head, pod_env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=TOKEN), mode="retry") == "RAN 42"
