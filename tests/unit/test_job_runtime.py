@@ -255,18 +255,9 @@ async def test_a_failing_engine_pass_is_reported_as_a_reconcile_error_and_recove
     await rt.recorder.close()
 
 
-async def test_a_failed_trainer_job_is_recreated_as_the_next_attempt_and_counted_in_status():
-    clock, platform = FakeClock(), FakePlatform()
-    body = rljob()
-    body["spec"]["trainer"] = {"replicas": 2, "gpusPerReplica": 0, "reference": {"saveEverySteps": 2}}
-    rt, kube, applied = runtime(body, platform, clock)
-    failed = {
-        "metadata": {"annotations": {"rljob.io/trainer-attempt": "0"}},
-        "status": {
-            "failedIndexes": "1",
-            "conditions": [{"type": "Failed", "status": "True", "reason": "MaxFailedIndexesExceeded"}],
-        },
-    }
+def store_trainer_job(kube: FakeKube, failed: dict[str, Any]) -> list[str]:
+    """The trainer Job as the API server keeps it, starting `failed`: a delete removes it, the
+    next apply after that creates a fresh (running) one. Returns the names deleted, in order."""
     stored: list[dict[str, Any] | None] = [failed]
     deleted: list[str] = []
 
@@ -280,11 +271,27 @@ async def test_a_failed_trainer_job_is_recreated_as_the_next_attempt_and_counted
     record = kube.apply
 
     async def apply(obj: dict[str, Any]) -> dict[str, Any]:
-        if obj["kind"] == "Job":
+        if obj["kind"] == "Job" and stored[-1] is None:
             stored.append({"metadata": obj["metadata"], "status": {}})
         return await record(obj)
 
     kube.get_job, kube.delete_job, kube.apply = get_job, delete_job, apply
+    return deleted
+
+
+async def test_a_failed_trainer_job_is_recreated_as_the_next_attempt_and_counted_in_status():
+    clock, platform = FakeClock(), FakePlatform()
+    body = rljob()
+    body["spec"]["trainer"] = {"replicas": 2, "gpusPerReplica": 0, "reference": {"saveEverySteps": 2}}
+    rt, kube, applied = runtime(body, platform, clock)
+    failed = {
+        "metadata": {"annotations": {"rljob.io/trainer-attempt": "0"}},
+        "status": {
+            "failedIndexes": "1",
+            "conditions": [{"type": "Failed", "status": "True", "reason": "MaxFailedIndexesExceeded"}],
+        },
+    }
+    deleted = store_trainer_job(kube, failed)
     rt.recorder.start()
     await rt.run_pass()
     await rt.run_pass()
@@ -311,24 +318,7 @@ async def test_a_trainer_failing_again_is_restarted_only_after_its_backoff_and_t
         "status": {"conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
                                    "lastTransitionTime": iso(clock.now() - 3)}]},
     }
-    stored: list[dict[str, Any] | None] = [failed]
-    deleted: list[str] = []
-
-    async def get_job(ns: str, name: str) -> dict[str, Any] | None:
-        return stored[-1]
-
-    async def delete_job(ns: str, name: str) -> None:
-        deleted.append(name)
-        stored.append(None)
-
-    record = kube.apply
-
-    async def apply(obj: dict[str, Any]) -> dict[str, Any]:
-        if obj["kind"] == "Job" and stored[-1] is None:
-            stored.append({"metadata": obj["metadata"], "status": {}})
-        return await record(obj)
-
-    kube.get_job, kube.delete_job, kube.apply = get_job, delete_job, apply
+    deleted = store_trainer_job(kube, failed)
     rt.recorder.start()
     await rt.run_pass()
     await rt.run_pass()
