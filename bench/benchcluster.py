@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from tests.cluster.fixtures import Cluster, cache_dir, cluster_netns, env_value, wait_for
+from tests.cluster.fixtures import Cluster, cache_dir, cluster_netns, env_value
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -35,10 +35,7 @@ def open_cluster() -> Cluster:
 @contextlib.contextmanager
 def bench_namespace(cluster: Cluster, prefix: str) -> Iterator[str]:
     """A fresh namespace with its default ServiceAccount, deleted when the run ends."""
-    ns = f"{prefix}-{uuid.uuid4().hex[:6]}"
-    cluster.kubectl("create", "namespace", ns)
-    wait_for(lambda: cluster.kubectl("-n", ns, "get", "serviceaccount", "default", check=False).returncode == 0,
-             60, what=f"default serviceaccount in {ns}")  # fmt: skip
+    ns = cluster.create_namespace(f"{prefix}-{uuid.uuid4().hex[:6]}")
     try:
         yield ns
     finally:

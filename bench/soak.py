@@ -390,10 +390,7 @@ def main() -> int:
         )
         print("soak: no test cluster")
         return 2
-    namespace = f"soak-{uuid.uuid4().hex[:6]}"
-    cluster.kubectl("create", "namespace", namespace)
-    wait_for(lambda: cluster.kubectl("-n", namespace, "get", "serviceaccount", "default", check=False).returncode == 0,
-             60, what="default serviceaccount")  # fmt: skip
+    namespace = cluster.create_namespace(f"soak-{uuid.uuid4().hex[:6]}")
     try:
         with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
             result, soak = run(cluster, namespace, args.minutes, args.sample_seconds, args.restart_minutes,

@@ -112,6 +112,14 @@ class Cluster:
 
     wait_for = staticmethod(wait_for)
 
+    def create_namespace(self, name: str) -> str:
+        """Create `name` and wait for its default ServiceAccount: a pod created before it exists
+        is refused by the ServiceAccount admission."""
+        self.kubectl("create", "namespace", name)
+        wait_for(lambda: self.kubectl("-n", name, "get", "serviceaccount", "default", check=False).returncode == 0,
+                 timeout=60, what=f"default serviceaccount in {name}")  # fmt: skip
+        return name
+
     def wait_pod(self, namespace: str, name: str, pred: Callable[[Any], bool], timeout: float = 60.0,
                  what: str = ""):
         """Poll the pod until pred(pod) is true; returns the pod (kubernetes V1Pod)."""
@@ -300,10 +308,7 @@ def _ns_name(nodeid: str) -> str:
 
 @pytest.fixture
 def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
-    name = _ns_name(request.node.nodeid)
-    cluster.kubectl("create", "namespace", name)
-    cluster.wait_for(lambda: cluster.kubectl("-n", name, "get", "serviceaccount", "default", check=False)
-                     .returncode == 0, timeout=60, what=f"default serviceaccount in {name}")
+    name = cluster.create_namespace(_ns_name(request.node.nodeid))
     try:
         yield name
     finally:

@@ -215,13 +215,7 @@ def loop_ns(podnet_cluster: Cluster, tmp_path: Path) -> Iterator[tuple[str, str]
     """(namespace, helm release) on the pod-network cluster: the operator installed as the README
     tells users, in-cluster, watching that namespace."""
     c = podnet_cluster
-    ns = f"t-loop-{uuid.uuid4().hex[:6]}"
-    c.kubectl("create", "namespace", ns)
-    c.wait_for(
-        lambda: c.kubectl("-n", ns, "get", "serviceaccount", "default", check=False).returncode == 0,
-        timeout=60,
-        what="default serviceaccount",
-    )
+    ns = c.create_namespace(f"t-loop-{uuid.uuid4().hex[:6]}")
     c.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
     c.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/rljobs.rljob.io")
     release = f"rljob-operator-{uuid.uuid4().hex[:5]}"

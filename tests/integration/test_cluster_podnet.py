@@ -87,13 +87,7 @@ SERVER = textwrap.dedent("""
 def web(podnet_cluster: Cluster) -> Iterator[tuple[str, dict]]:
     """A namespace with a process pod `web` serving HTTP on its podIP:8080 behind Service web:80."""
     c = podnet_cluster
-    ns = f"t-podnet-{uuid.uuid4().hex[:6]}"
-    c.kubectl("create", "namespace", ns)
-    c.wait_for(
-        lambda: c.kubectl("-n", ns, "get", "serviceaccount", "default", check=False).returncode == 0,
-        timeout=60,
-        what="default serviceaccount",
-    )
+    ns = c.create_namespace(f"t-podnet-{uuid.uuid4().hex[:6]}")
     manifest = [
         process_pod("web", [sys.executable, "-c", SERVER], {"app": "web"}),
         {

@@ -77,13 +77,7 @@ def _start_local_run(out: Path, metrics_port: int) -> subprocess.Popen[bytes]:
 @pytest.fixture(scope="module")
 def loop(cluster: Any, prometheus_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
     install_crd(cluster)
-    ns = f"t-prometheus-{uuid.uuid4().hex[:6]}"
-    cluster.kubectl("create", "namespace", ns)
-    cluster.wait_for(
-        lambda: cluster.kubectl("-n", ns, "get", "serviceaccount", "default", check=False).returncode == 0,
-        timeout=60,
-        what="default serviceaccount",
-    )
+    ns = cluster.create_namespace(f"t-prometheus-{uuid.uuid4().hex[:6]}")
     tmp = tmp_path_factory.mktemp("prometheus-loop")
     kube = Kube(cluster, ns)
     op = OperatorProcess(cluster, ns, tmp)
