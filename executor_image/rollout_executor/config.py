@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller_runtime.api.spec import RLJobSpec
+from controller_runtime.api.spec import HealthCheckSpec, RLJobSpec
 
 ACTOR_NAMESPACE = "rljob"
 
@@ -100,6 +100,7 @@ class ExecutorConfig:
             on_weight_update=str(r.on_weight_update),
             model=model,
             tokenizer_path=spec.model.tokenizer or spec.model.path,
+            no_engine_timeout_seconds=no_engine_timeout_seconds(spec.inference.health_check),
         )
         if r.eval is not None:
             base.update(eval_every_steps=r.eval.every_steps, eval_dataset_path=r.eval.dataset,
@@ -110,3 +111,20 @@ class ExecutorConfig:
             base["engines"] = EngineSource(router_url=spec.inference.router.url)
         base.update(overrides)
         return cls(**base)
+
+
+NO_ENGINE_TIMEOUT_FLOOR_S = 600.0  # a weight window or a restart backoff with every cell down
+
+
+def no_engine_timeout_seconds(health: HealthCheckSpec) -> float:
+    """How long rollouts wait for a serving engine before the executor fails.
+
+    Never shorter than the operator takes to give up on a starting cell (its startup deadline,
+    then failureThreshold probes that time out): an executor that failed first would end a job
+    whose engines were still expected to come up (a large model's load can take the default
+    30 minutes). When the operator does give up and the restart budget is spent, the job fails
+    and the executor goes with it.
+    """
+    operator_gives_up = health.startup_deadline_seconds + health.failure_threshold * (
+        health.interval_seconds + health.timeout_seconds)
+    return max(NO_ENGINE_TIMEOUT_FLOOR_S, operator_gives_up)

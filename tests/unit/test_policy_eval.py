@@ -200,3 +200,18 @@ def test_summary_lists_eval_points_and_the_curve_draws_them(tmp_path: Path) -> N
     assert report.summarize(records)["last_eval"] is None
     path = report.plot_rewards(tmp_path, records, "t", evals)
     assert path.stat().st_size > 1000
+
+
+def test_the_executor_waits_for_engines_at_least_as_long_as_the_operator_lets_them_start() -> None:
+    """An executor that gave up on engines before the operator did would end a job whose cells
+    were still expected to come up (was a fixed 600 s against the default 1800 s deadline)."""
+    manifest = load_manifest()
+    manifest["spec"]["inference"].pop("healthCheck", None)  # the defaults: 1800 s, then 3 probes of 30 + 30 s
+    default = ExecutorConfig.from_spec("j", RLJobManifest.model_validate(manifest).spec)
+    assert default.no_engine_timeout_seconds == 1800 + 3 * (30 + 30)
+    manifest["spec"]["inference"]["healthCheck"] = {"startupDeadlineSeconds": 60, "intervalSeconds": 2,
+                                                    "timeoutSeconds": 1, "failureThreshold": 3}
+    short = ExecutorConfig.from_spec("j", RLJobManifest.model_validate(manifest).spec)
+    assert short.no_engine_timeout_seconds == 600.0  # the floor: a window or a backoff with every cell down
+    manifest["spec"]["inference"]["healthCheck"]["startupDeadlineSeconds"] = 3600
+    assert ExecutorConfig.from_spec("j", RLJobManifest.model_validate(manifest).spec).no_engine_timeout_seconds == 3609
