@@ -89,6 +89,8 @@ def workload_name(job: str) -> str:
 # PodSet names of the Workload (DNS labels): one per kind of pod the job runs.
 PODSET_ENGINES = "engines"
 PODSET_EXECUTOR = "executor"
+PODSET_RAY_HEAD = "ray-head"
+PODSET_RAY_WORKERS = "ray-workers"
 PODSET_TRAINER = "trainer"
 
 

@@ -17,9 +17,10 @@ from rljob_operator.kueue import (
 )
 from rljob_operator.manifests.workload import WorkloadPriority, pod_set_counts, pod_sets, workload
 from rljob_operator.metrics import Metrics
+from rljob_operator.reconcile.children import desired_children
 from rljob_operator.reconcile.job_runtime import JobRuntime
 from rljob_operator.reconcile.job_status import Observed, build_status
-from rljob_operator.reconcile.queueing import QueueSeen, admitted_spec, queue_of
+from rljob_operator.reconcile.queueing import QueueSeen, admitted_spec, queue_of, unplaced_flavors
 from rljob_operator.registry import JobRegistry
 
 from controller_runtime.api.spec import Placement, RLJobSpec, Toleration
@@ -80,6 +81,21 @@ def test_pod_sets_leave_out_what_the_operator_does_not_run() -> None:
     obj = job(replicas=0)
     obj["spec"]["trainer"] = {"workloadRef": {"apiVersion": "batch/v1", "kind": "Job", "name": "mine"}}
     assert pod_set_counts(pod_sets(obj, URL)) == {"executor": 1}
+
+
+def test_pod_sets_count_a_rayclusters_head_and_workers_with_their_requests() -> None:
+    """KubeRay creates the Ray pods, but they run for this job: Kueue must reserve their quota
+    (they were left out, so an admitted job could overrun its ClusterQueue)."""
+    obj = job(replicas=1)
+    obj["spec"]["rollout"]["rayCluster"] = {"workers": 3}
+    obj["spec"]["rollout"]["resources"] = {"requests": {"cpu": "2", "memory": "4Gi"}}
+    sets = {s["name"]: s for s in pod_sets(obj, URL)}
+    assert pod_set_counts(list(sets.values())) == {"engines": 1, "executor": 1, "ray-head": 1, "ray-workers": 3,
+                                                   "trainer": 1}
+    for name in ("ray-head", "ray-workers"):
+        (container,) = sets[name]["template"]["spec"]["containers"]
+        assert container["resources"]["requests"]["cpu"] == "2", (name, container)
+    assert pod_set_counts(pod_sets(job(replicas=1), URL)).keys() == {"engines", "executor", "trainer"}
 
 
 def test_workload_is_owned_by_the_rljob_and_carries_queue_and_priority() -> None:
@@ -178,6 +194,24 @@ def test_admitted_spec_suspends_until_admitted_then_places_engines_and_trainer()
     assert placed.inference.placement.node_selector["pool"] == "gpu"
     assert placed.trainer.placement.node_selector["pool"] == "gpu"
     assert queue_of(job()) == "rl" and queue_of({"metadata": {}}) is None
+
+
+def test_the_executor_and_the_rayclusters_pods_are_placed_on_their_pod_sets_flavors() -> None:
+    obj = job(replicas=1)
+    obj["spec"]["rollout"]["rayCluster"] = {"workers": 2}
+    cpu, spot = FlavorPlacement({"pool": "cpu"}), FlavorPlacement({"pool": "spot"})
+    state = queue_state("rl", wl(cond("Admitted", "True"), admission=ADMISSION))
+    seen = QueueSeen(state, {"engines": (FlavorPlacement({"pool": "gpu"}),), "executor": (cpu,),
+                             "ray-head": (cpu,), "ray-workers": (spot,)})
+    flavors = unplaced_flavors(seen)
+    assert set(flavors) == {"executor", "ray-head", "ray-workers"}
+    by_kind = {o["kind"]: o for o in desired_children(obj, URL, flavors)}
+    assert by_kind["Deployment"]["spec"]["template"]["spec"]["nodeSelector"] == {"pool": "cpu"}
+    rc = by_kind["RayCluster"]["spec"]
+    assert rc["headGroupSpec"]["template"]["spec"]["nodeSelector"] == {"pool": "cpu"}
+    assert rc["workerGroupSpecs"][0]["template"]["spec"]["nodeSelector"] == {"pool": "spot"}
+    unplaced = {o["kind"]: o for o in desired_children(obj, URL)}["RayCluster"]["spec"]
+    assert "nodeSelector" not in unplaced["headGroupSpec"]["template"]["spec"]
 
 
 def test_status_shows_kueue_s_reason_while_it_holds_the_job() -> None:

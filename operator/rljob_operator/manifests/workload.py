@@ -7,9 +7,10 @@ the executor Deployment's template, the trainer Job's template), so the requests
 reserves quota for are the requests of the pods that run, GPUs included.
 
 Counts: engines `replicas x pods per cell` (a 16-GPU engine on 8-GPU nodes is 2 pods), the
-executor 1, the trainer `replicas` (only when the operator runs the trainer Job: a
-`workloadRef` trainer is the user's and queues on its own). A PodSet of count 0 is left out
-(Kueue wants count >= 1).
+executor 1, with `spec.rollout.rayCluster` the RayCluster's head 1 and workers `workers`
+(KubeRay creates those pods, but they run for this job and hold its quota), the trainer
+`replicas` (only when the operator runs the trainer Job: a `workloadRef` trainer is the user's
+and queues on its own). A PodSet of count 0 is left out (Kueue wants count >= 1).
 """
 
 from __future__ import annotations
@@ -22,8 +23,16 @@ from rljob_operator.kinds import KUEUE_API_VERSION, WORKLOAD_KIND
 from rljob_operator.manifests.engine import engine_pod
 from rljob_operator.manifests.executor import executor_deployment
 from rljob_operator.manifests.job import JobView
+from rljob_operator.manifests.raycluster import ray_cluster
 from rljob_operator.manifests.trainer import trainer_workload
-from rljob_operator.names import PODSET_ENGINES, PODSET_EXECUTOR, PODSET_TRAINER, workload_name
+from rljob_operator.names import (
+    PODSET_ENGINES,
+    PODSET_EXECUTOR,
+    PODSET_RAY_HEAD,
+    PODSET_RAY_WORKERS,
+    PODSET_TRAINER,
+    workload_name,
+)
 
 
 @dataclass(frozen=True)
@@ -49,7 +58,7 @@ def _template(pod_or_template: dict[str, Any]) -> dict[str, Any]:
 
 
 def pod_sets(job: dict[str, Any] | JobView, controller_url: str) -> list[dict[str, Any]]:
-    """The Workload's PodSets, in a fixed order: engines, executor, trainer."""
+    """The Workload's PodSets, in a fixed order: engines, executor, Ray head and workers, trainer."""
     view = JobView.of(job)
     inf = view.spec.inference
     out: list[dict[str, Any]] = []
@@ -61,6 +70,13 @@ def pod_sets(job: dict[str, Any] | JobView, controller_url: str) -> list[dict[st
         )
     executor = executor_deployment(view, controller_url)
     out.append({"name": PODSET_EXECUTOR, "count": 1, "template": _template(executor["spec"]["template"])})
+    rc = ray_cluster(view)
+    if rc is not None:
+        head = rc["spec"]["headGroupSpec"]
+        out.append({"name": PODSET_RAY_HEAD, "count": 1, "template": _template(head["template"])})
+        for group in rc["spec"].get("workerGroupSpecs") or []:
+            out.append({"name": PODSET_RAY_WORKERS, "count": int(group["replicas"]),
+                        "template": _template(group["template"])})
     trainer = [o for o in trainer_workload(view, controller_url) if o["kind"] == "Job"]
     if trainer:
         count = int(trainer[0]["spec"]["parallelism"])

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -44,7 +44,7 @@ from rljob_operator.manifests import (
     trainer_workload,
 )
 from rljob_operator.manifests.podspec import placement_fields
-from rljob_operator.names import trainer_name
+from rljob_operator.names import PODSET_EXECUTOR, PODSET_RAY_HEAD, PODSET_RAY_WORKERS, trainer_name
 from rljob_operator.reconcile.context import JobContext
 from rljob_operator.reconcile.drift import holds
 from rljob_operator.reconcile.flow import StepResult
@@ -81,8 +81,8 @@ class ChildrenSeen:
 
 
 def placed_on(pod_spec: dict[str, Any], flavors: Sequence[FlavorPlacement]) -> dict[str, Any]:
-    """A pod spec with its Kueue flavors' node labels and tolerations added (the executor's:
-    engines and trainers get theirs through their spec's placement)."""
+    """A pod spec with its Kueue flavors' node labels and tolerations added (the executor's and
+    the RayCluster's: engines and trainers get theirs through their spec's placement)."""
     if not flavors:
         return pod_spec
     own = Placement(
@@ -95,13 +95,16 @@ def placed_on(pod_spec: dict[str, Any], flavors: Sequence[FlavorPlacement]) -> d
 def desired_children(
     job: dict[str, Any],
     controller_url: str,
-    executor_flavors: Sequence[FlavorPlacement] = (),
+    flavors: Mapping[str, Sequence[FlavorPlacement]] | None = None,
     trainer_attempt: int = 0,
 ) -> list[dict[str, Any]]:
-    """Every child object of the job except engine pods (the controller owns those)."""
+    """Every child object of the job except engine pods (the controller owns those).
+
+    `flavors`: Kueue's flavors by PodSet name for the pods without a placement in the spec."""
+    flavors = flavors or {}
     executor = executor_deployment(job, controller_url)
     template = executor["spec"]["template"]
-    template["spec"] = placed_on(template["spec"], executor_flavors)
+    template["spec"] = placed_on(template["spec"], flavors.get(PODSET_EXECUTOR, ()))
     objs = [
         cells_headless_service(job),
         engines_service(job),
@@ -112,6 +115,10 @@ def desired_children(
     ]
     rc = ray_cluster(job)
     if rc is not None:
+        head = rc["spec"]["headGroupSpec"]["template"]
+        head["spec"] = placed_on(head["spec"], flavors.get(PODSET_RAY_HEAD, ()))
+        for group in rc["spec"].get("workerGroupSpecs") or []:
+            group["template"]["spec"] = placed_on(group["template"]["spec"], flavors.get(PODSET_RAY_WORKERS, ()))
         objs.append(rc)
     return objs
 
@@ -123,7 +130,7 @@ async def ensure_children(
     generation: Hashable,
     controller_url: str,
     applied: Applied | None,
-    executor_flavors: Sequence[FlavorPlacement] = (),
+    flavors: Mapping[str, Sequence[FlavorPlacement]] | None = None,
     trainer_restarts: int = 0,
 ) -> ChildrenSeen:
     """Read the trainer's outcome (restarting a failed one), apply the children when the spec
@@ -154,11 +161,11 @@ async def ensure_children(
         state, message, applied = TrainerState.running, "", Applied(generation, now, noted)
     if applied is None or applied.generation != generation:
         await ensure_ray_auth_secret(job, job_object)  # before anything that mounts it
-        objs = desired_children(job_object, controller_url, executor_flavors, attempt)
+        objs = desired_children(job_object, controller_url, flavors, attempt)
         await asyncio.gather(*(apply_child(job, obj) for obj in objs))
         applied = Applied(generation, now, noted)
     elif now - applied.at >= CHILDREN_RESYNC_SECONDS:
-        objs = desired_children(job_object, controller_url, executor_flavors, attempt)
+        objs = desired_children(job_object, controller_url, flavors, attempt)
         await asyncio.gather(*(reapply_if_drifted(job, obj) for obj in objs))
         applied = Applied(generation, now, noted)
     elif applied.backoff_noted != noted:

@@ -243,7 +243,7 @@ class JobRuntime:
                 self.build_key,
                 self.controller_url,
                 self._applied,
-                queueing.executor_placement(self.queue),
+                queueing.unplaced_flavors(self.queue),
                 int(self.stored_status.get("trainerRestarts") or 0),
             )
             self._applied = seen.applied

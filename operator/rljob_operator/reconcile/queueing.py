@@ -49,7 +49,14 @@ from rljob_operator.kueue import (
 from rljob_operator.labels import KUEUE_PRIORITY_CLASS, KUEUE_QUEUE_NAME
 from rljob_operator.manifests.job import JobView
 from rljob_operator.manifests.workload import WorkloadPriority, pod_set_counts, pod_sets, workload
-from rljob_operator.names import PODSET_ENGINES, PODSET_EXECUTOR, PODSET_TRAINER, workload_name
+from rljob_operator.names import (
+    PODSET_ENGINES,
+    PODSET_EXECUTOR,
+    PODSET_RAY_HEAD,
+    PODSET_RAY_WORKERS,
+    PODSET_TRAINER,
+    workload_name,
+)
 from rljob_operator.reconcile.context import JobContext
 from rljob_operator.reconcile.job_status import TERMINAL
 
@@ -95,9 +102,13 @@ def admitted_spec(spec: RLJobSpec, seen: QueueSeen) -> RLJobSpec:
     return spec.model_copy(update={"inference": inference, "trainer": trainer})
 
 
-def executor_placement(seen: QueueSeen) -> tuple[FlavorPlacement, ...]:
-    """The flavors of the executor's PodSet (its Deployment has no placement of its own in the spec)."""
-    return seen.placements.get(PODSET_EXECUTOR, ())
+UNPLACED_POD_SETS = (PODSET_EXECUTOR, PODSET_RAY_HEAD, PODSET_RAY_WORKERS)
+
+
+def unplaced_flavors(seen: QueueSeen) -> dict[str, tuple[FlavorPlacement, ...]]:
+    """The flavors of the PodSets whose pods have no placement of their own in the spec (the
+    executor's Deployment, the RayCluster's groups), by PodSet name."""
+    return {name: seen.placements[name] for name in UNPLACED_POD_SETS if seen.placements.get(name)}
 
 
 async def workload_priority(
