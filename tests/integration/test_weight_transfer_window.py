@@ -6,6 +6,10 @@ An engine killed while the trainer broadcasts fails the push in bounded time; th
 aborted (reason in the events, the cell stopped and recreated at the next generation, never
 promoted to the new version), and the next window, over the recreated cell, succeeds with a
 per-tensor check against the trainer's checksums.
+
+The two tests share one controller and its cell (module scope): each fault recreates the cell,
+so the second test starts from the first one's recreated, serving cell rather than paying for
+one more vLLM CPU start-up (the CI budget).
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from tests.integration.test_weight_transfer_vllm import (
     trainer_model,
 )
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
 JOB = "gloo-window"
 TRANSFER_TIMEOUT_S = 10.0
@@ -57,8 +61,9 @@ class Fleet:
     client: LocalControllerClient
 
 
-@pytest_asyncio.fixture(loop_scope="function")
-async def fleet(tmp_path: Path, tiny_model_dir: Path) -> AsyncIterator[Fleet]:
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def fleet(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> AsyncIterator[Fleet]:
+    tmp_path = tmp_path_factory.mktemp("gloo-window")
     spec = InferenceSpec.model_validate({
         "replicas": 1, "gpusPerEngine": 0,
         "weightUpdate": {"method": "gloo", "transferTimeoutSeconds": TRANSFER_TIMEOUT_S, "bucketMegabytes": 1,
@@ -81,12 +86,15 @@ async def fleet(tmp_path: Path, tiny_model_dir: Path) -> AsyncIterator[Fleet]:
 
 
 async def wait_for_cell(fleet: Fleet, generation: int) -> None:
+    """Until the cell of at least `generation` can take a window: started and waiting for its
+    first weights, or serving (what the other test of the module leaves)."""
     deadline = time.monotonic() + CELL_DEADLINE_S
     while True:
         cell = fleet.controller.fleet.cells.get(f"{JOB}-cell-0")
-        if cell is not None and cell.generation >= generation and cell.state is CellState.PendingWeights:
+        if cell is not None and cell.generation >= generation and cell.state in (CellState.PendingWeights,
+                                                                                  CellState.Serving):
             return
-        assert time.monotonic() < deadline, f"cell not PendingWeights at generation {generation}: {cell}"
+        assert time.monotonic() < deadline, f"cell not PendingWeights or Serving at generation {generation}: {cell}"
         await asyncio.sleep(0.5)
 
 
