@@ -104,7 +104,7 @@ class QueueStatus(ApiModel):
     state: str = Field(description="Pending (waiting for quota), Admitted, Evicted (suspending after a preemption or quota change) or Finished.")
     reason: str = Field(default="", description="Kueue's reason (e.g. Pending, Preempted, Admitted).")
     message: str = Field(default="", description="Kueue's message, e.g. why the Workload does not fit.")
-    flavors: list[str] = Field(default_factory=list, description="ResourceFlavors assigned to each PodSet while admitted, as `podset: flavor,...` (engines, executor, trainer).")
+    flavors: list[str] = Field(default_factory=list, description="ResourceFlavors assigned to each PodSet while admitted, as `podset: flavor,...` (engines, executor, ray-head, ray-workers, trainer).")
 
 
 class RLJobStatus(ApiModel):
