@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
@@ -108,8 +109,11 @@ def test_gcs_refuses_a_caller_without_the_token(head: RayHead) -> None:
 
 
 def test_a_ray_client_without_the_token_runs_nothing_and_the_trainers_env_runs_a_task(head: RayHead) -> None:
-    assert run_driver(head, pod_env()).startswith("REFUSED")
-    assert run_driver(head, pod_env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN="job-b-token")).startswith(
-        "REFUSED"
-    )
-    assert run_driver(head, pod_env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=TOKEN), mode="retry") == "RAN 42"
+    # The three drivers are independent processes: run at once (each spends seconds importing Ray).
+    with ThreadPoolExecutor(3) as pool:
+        missing = pool.submit(run_driver, head, pod_env())
+        wrong = pool.submit(run_driver, head, pod_env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN="job-b-token"))
+        right = pool.submit(run_driver, head, pod_env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=TOKEN), "retry")
+        assert missing.result().startswith("REFUSED")
+        assert wrong.result().startswith("REFUSED")
+        assert right.result() == "RAN 42"
