@@ -216,14 +216,22 @@ async def test_an_engine_that_dies_mid_broadcast_fails_the_update_in_bounded_tim
     assert await engine_greedy(vllm, prompt) == expected
 
 
-def _trainer_that_dies(endpoint: str, model_dir: str, after_buckets: int, done: Any) -> None:
-    """A trainer process: pause, form the group, start the engine's receive, send some buckets, die."""
+def _trainer_that_dies(endpoint: str, model_dir: str, after_buckets: int, done: Any,
+                       loaded: Any = None, go: Any = None) -> None:
+    """A trainer process: pause, form the group, start the engine's receive, send some buckets, die.
+
+    With `loaded` and `go` (events) it reports its model loaded and waits for `go` before it
+    touches the engine: a caller that opens an update window for it can open it then, so that
+    the window's lock timeout is not spent on the process's start-up (a minute under load)."""
     import os
 
     async def run() -> None:
         client = VLLMClient(endpoint, timeout=TIMEOUT_S)
         receiver = VLLMReceiver(client)
         tensors = named_tensors(trainer_model(Path(model_dir), seed=6), torch.bfloat16)
+        if loaded is not None:
+            loaded.set()
+            await asyncio.to_thread(go.wait, 300)
         from rljob_client.weight_broadcast import TrainerGroup, local_address_towards
         from rljob_client.weight_buckets import pack_bucket, plan_buckets
 

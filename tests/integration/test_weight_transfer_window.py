@@ -171,12 +171,16 @@ async def test_a_trainer_that_dies_mid_broadcast_leaves_a_window_that_expires_an
     its lock expires (LockExpired), recreates the half-updated cell, and a new trainer's window
     over the recreated cell succeeds."""
     await wait_for_cell(fleet, 0)
-    window = await fleet.client.start_update_weights("dying-trainer")
     cell = fleet.controller.fleet.cells[f"{JOB}-cell-0"]
     ctx = multiprocessing.get_context("spawn")
-    done = ctx.Event()
-    proc = ctx.Process(target=_trainer_that_dies, args=(cell.endpoint, str(tiny_model_dir), 2, done))
+    done, loaded, go = ctx.Event(), ctx.Event(), ctx.Event()
+    proc = ctx.Process(target=_trainer_that_dies, args=(cell.endpoint, str(tiny_model_dir), 2, done, loaded, go))
     proc.start()
+    try:
+        assert await asyncio.to_thread(loaded.wait, 300), "the dying trainer did not load its model"
+        window = await fleet.client.start_update_weights("dying-trainer")
+    finally:
+        go.set()
     await asyncio.to_thread(proc.join, 120)
     assert done.is_set() and proc.exitcode == 1
     deadline = time.monotonic() + LOCK_TIMEOUT_S + CELL_DEADLINE_S
