@@ -14,6 +14,9 @@ What a test can do to it:
 - `POST /standin/unhealthy`: `/health` answers 503 from then on while the process lives;
 - `POST /standin/slow?seconds=S`: `/health` answers 200, but only after S seconds (a slow
   engine: past the probe timeout it counts as a failed probe);
+- `POST /standin/garbage?kind=html`: every engine route answers a proxy's `502 Bad Gateway`
+  HTML page from then on; `kind=bytes`: the port answers bytes that are not HTTP at all (some
+  other program on the port); the `/standin/` routes keep working;
 - `SIGSTOP` the process: the socket stays open and nothing answers (a hung engine);
 - SGLang's `GET /health_generate` is answered like `/health`, so multi-node SGLang cells
   (every pod runs `python -m sglang.launch_server`) can be stand-ins too;
@@ -57,6 +60,7 @@ class EngineState:
     delay_seconds: float = 0.0
     healthy: bool = True
     health_delay: float = 0.0
+    garbage: str = ""  # "", "html" or "bytes": what every engine route answers instead
     paused: bool = False
     sleeping: bool = False
     weight_version: str | None = None
@@ -98,7 +102,26 @@ def completion_reply(state: EngineState, body: dict[str, Any]) -> dict[str, Any]
     }  # fmt: skip
 
 
+BAD_GATEWAY_HTML = "<html><head><title>502 Bad Gateway</title></head><body><center><h1>502 Bad Gateway</h1></center></body></html>"
+NOT_HTTP = b"SSH-2.0-OpenSSH_9.6\r\n"
+
+
 def make_app(state: EngineState) -> web.Application:
+    @web.middleware
+    async def garbage_answers(r: web.Request, handler: Any) -> web.StreamResponse:
+        if not state.garbage or r.path.startswith("/standin/"):
+            return await handler(r)
+        if state.garbage == "html":
+            return web.Response(status=502, text=BAD_GATEWAY_HTML, content_type="text/html")
+        assert r.transport is not None
+        r.transport.write(NOT_HTTP)
+        r.transport.close()
+        return web.Response()  # never sent: the connection is closed
+
+    async def garbage(r: web.Request) -> web.Response:
+        state.garbage = r.query.get("kind", "html")
+        return web.json_response({"garbage": state.garbage})
+
     async def health(_r: web.Request) -> web.Response:
         if state.health_delay:
             await asyncio.sleep(state.health_delay)
@@ -182,12 +205,13 @@ def make_app(state: EngineState) -> web.Application:
     async def weight_checker(_r: web.Request) -> web.Response:
         return web.json_response({"checksums": {"rank0": f"standin-{len(state.reloads)}"}})
 
-    app = web.Application()
+    app = web.Application(middlewares=[garbage_answers])
     app.add_routes([
         web.get("/health", health),
         web.get("/health_generate", health),
         web.post("/standin/unhealthy", unhealthy),
         web.post("/standin/slow", slow),
+        web.post("/standin/garbage", garbage),
         web.get("/v1/models", models),
         web.post("/v1/completions", completions),
         web.get("/metrics", metrics),

@@ -3,11 +3,12 @@ agent) under a real operator and kube-apiserver.
 
 Faults and what the spec says must follow (health: every 1 s, timeout 1 s, 2 failures):
 
-* a hung engine (SIGSTOP: its TCP socket accepts, nothing answers) and a slow one (`/health`
-  answers after 3 s, past the probe timeout), in one job: each cell turns Unhealthy after
-  `failureThreshold` consecutive failed probes (the Event says so: no pod failed, the
-  processes live on) and is recreated at the next generation; its stopped process is gone
-  with its pod;
+* a hung engine (SIGSTOP: its TCP socket accepts, nothing answers), a slow one (`/health`
+  answers after 3 s, past the probe timeout), one answering a proxy's `502 Bad Gateway` HTML
+  page and one answering bytes that are not HTTP (another program on the port), in one job:
+  each cell turns Unhealthy after `failureThreshold` consecutive failed probes (the Event says
+  so and gives the last probe's error: no pod failed, the processes live on) and is recreated
+  at the next generation; its stopped process is gone with its pod;
 * one pod of a two-pod (multi-node SGLang) cell lost (SIGKILL): the whole cell is recreated,
   both pods at the next generation and no pod of the old generation left, never a half cell
   serving.
@@ -76,22 +77,29 @@ def cell_events(kube: Kube, job: str, cell: str, reason: str) -> list[str]:
     return [e["message"] for e in kube.events(job) if e["reason"] == reason and f"[{cell}]" in e["message"]]
 
 
-def test_hung_and_slow_engines_fail_their_probes_and_are_recreated(kube, operator):
-    kube.apply(make_rljob("faulty", replicas=3))
-    wait_for(lambda: kube.status("faulty").get("ready") == "3/3", 120, what="3/3 serving")
+def standin(ip: str, route: str) -> None:
+    """POST one of the stand-in's /standin/ fault switches."""
+    urllib.request.urlopen(urllib.request.Request(f"http://{ip}:8000/standin/{route}", method="POST"), timeout=5).read()
+
+
+def test_hung_slow_and_garbage_answering_engines_fail_their_probes_and_are_recreated(kube, operator):
+    kube.apply(make_rljob("faulty", replicas=5))
+    wait_for(lambda: kube.status("faulty").get("ready") == "5/5", 120, what="5/5 serving")
     pods = {p["metadata"]["labels"]["rljob.io/cell-index"]: p for p in kube.engine_pods("faulty")}
     hung_pid = pid_of(kube, pods["1"]["metadata"]["name"])
-    slow_ip = pods["2"]["status"]["podIP"]
     try:
         os.kill(hung_pid, signal.SIGSTOP)
-        urllib.request.urlopen(urllib.request.Request(f"http://{slow_ip}:8000/standin/slow?seconds=3", method="POST"),
-                               timeout=5).read()  # fmt: skip
-        for cell in ("faulty-cell-1", "faulty-cell-2"):
+        standin(pods["2"]["status"]["podIP"], "slow?seconds=3")
+        standin(pods["3"]["status"]["podIP"], "garbage?kind=html")
+        standin(pods["4"]["status"]["podIP"], "garbage?kind=bytes")
+        last_errors = {"faulty-cell-1": "timed out", "faulty-cell-2": "timed out",
+                       "faulty-cell-3": "HTTP 502", "faulty-cell-4": "malformed reply"}
+        for cell, error in last_errors.items():
             wait_for(lambda c=cell: engine(kube.status("faulty"), c)["generation"] == 1
                      and engine(kube.status("faulty"), c)["state"] in ("Starting", "PendingWeights", "Serving"),
                      120, what=f"{cell} recreated at generation 1 and answering")  # fmt: skip
             unhealthy = cell_events(kube, "faulty", cell, "CellUnhealthy")
-            assert unhealthy and "2 consecutive failed probes" in unhealthy[0], unhealthy
+            assert unhealthy and "2 consecutive failed probes" in unhealthy[0] and error in unhealthy[0], unhealthy
             assert cell_events(kube, "faulty", cell, "CellReplaced"), f"{cell}: no CellReplaced event"
         wait_for(lambda: not alive(hung_pid), 60, what="the hung engine's process gone with its pod")
     finally:
@@ -100,14 +108,14 @@ def test_hung_and_slow_engines_fail_their_probes_and_are_recreated(kube, operato
     status = kube.status("faulty")
     healthy = engine(status, "faulty-cell-0")
     assert (healthy["generation"], healthy["restarts"], healthy["state"]) == (0, 0, "Serving")
-    assert [engine(status, f"faulty-cell-{i}")["restarts"] for i in (1, 2)] == [1, 1]
-    assert status["restartsTotal"] == 2
+    assert [engine(status, f"faulty-cell-{i}")["restarts"] for i in (1, 2, 3, 4)] == [1, 1, 1, 1]
+    assert status["restartsTotal"] == 4
     names = sorted(
         p["metadata"]["name"]
         for p in kube.engine_pods("faulty")
         if not p["metadata"].get("deletionTimestamp")
     )
-    assert names == ["faulty-cell-0-g0-0", "faulty-cell-1-g1-0", "faulty-cell-2-g1-0"]
+    assert names == ["faulty-cell-0-g0-0", *(f"faulty-cell-{i}-g1-0" for i in (1, 2, 3, 4))]
 
 
 def test_a_lost_pod_of_a_multi_node_cell_recreates_the_whole_cell(kube, operator):
