@@ -17,6 +17,8 @@ What a test can do to it:
 - `POST /standin/garbage?kind=html`: every engine route answers a proxy's `502 Bad Gateway`
   HTML page from then on; `kind=bytes`: the port answers bytes that are not HTTP at all (some
   other program on the port); the `/standin/` routes keep working;
+- `POST /standin/refuse?route=R`: the engine route `/R` (e.g. `sleep`, `wake_up`) answers
+  `500` with an error from then on (an engine whose offload or onload fails);
 - `SIGSTOP` the process: the socket stays open and nothing answers (a hung engine);
 - SGLang's `GET /health_generate` is answered like `/health`, so multi-node SGLang cells
   (every pod runs `python -m sglang.launch_server`) can be stand-ins too;
@@ -61,6 +63,7 @@ class EngineState:
     healthy: bool = True
     health_delay: float = 0.0
     garbage: str = ""  # "", "html" or "bytes": what every engine route answers instead
+    refused: set[str] = field(default_factory=set)  # engine routes answering 500
     paused: bool = False
     sleeping: bool = False
     weight_version: str | None = None
@@ -109,7 +112,11 @@ NOT_HTTP = b"SSH-2.0-OpenSSH_9.6\r\n"
 def make_app(state: EngineState) -> web.Application:
     @web.middleware
     async def garbage_answers(r: web.Request, handler: Any) -> web.StreamResponse:
-        if not state.garbage or r.path.startswith("/standin/"):
+        if r.path.startswith("/standin/"):
+            return await handler(r)
+        if r.path in state.refused:
+            return web.json_response({"error": f"stand-in refuses {r.path}"}, status=500)
+        if not state.garbage:
             return await handler(r)
         if state.garbage == "html":
             return web.Response(status=502, text=BAD_GATEWAY_HTML, content_type="text/html")
@@ -117,6 +124,10 @@ def make_app(state: EngineState) -> web.Application:
         r.transport.write(NOT_HTTP)
         r.transport.close()
         return web.Response()  # never sent: the connection is closed
+
+    async def refuse(r: web.Request) -> web.Response:
+        state.refused.add("/" + r.query["route"].lstrip("/"))
+        return web.json_response({"refused": sorted(state.refused)})
 
     async def garbage(r: web.Request) -> web.Response:
         state.garbage = r.query.get("kind", "html")
@@ -212,6 +223,7 @@ def make_app(state: EngineState) -> web.Application:
         web.post("/standin/unhealthy", unhealthy),
         web.post("/standin/slow", slow),
         web.post("/standin/garbage", garbage),
+        web.post("/standin/refuse", refuse),
         web.get("/v1/models", models),
         web.post("/v1/completions", completions),
         web.get("/metrics", metrics),

@@ -11,7 +11,12 @@ Faults and what the spec says must follow (health: every 1 s, timeout 1 s, 2 fai
   at the next generation; its stopped process is gone with its pod;
 * one pod of a two-pod (multi-node SGLang) cell lost (SIGKILL): the whole cell is recreated,
   both pods at the next generation and no pod of the old generation left, never a half cell
-  serving.
+  serving;
+* an engine refusing offload (`/sleep` answers 500), then one refusing onload (`/wake_up`),
+  through the operator's controller API with the trainer's token: the answer names the cell
+  and why, a warning Event says so; the cell whose offload failed keeps serving, the one whose
+  onload failed cannot serve (its weights are gone) and is marked Unhealthy and recreated
+  within its restart budget, never left Offloaded.
 
 Nothing is lost: the healthy cell of the first job is never recreated (generation and
 restarts unchanged), restart counts equal the recreations seen.
@@ -31,6 +36,9 @@ from tests.integration.operator_harness import (
     PID_ANNOTATION,
     Kube,
     OperatorProcess,
+    call,
+    control_rbac,
+    engine_states,
     install_crd,
     make_rljob,
     release_rljobs,
@@ -142,3 +150,38 @@ def test_a_lost_pod_of_a_multi_node_cell_recreates_the_whole_cell(kube, operator
     assert unhealthy and "wide-cell-0-g0-1" in unhealthy[0], unhealthy  # the lost pod named
     wait_for(lambda: not [p for p in kube.engine_pods("wide") if "-g0-" in p["metadata"]["name"]], 60,
              what="both pods of generation 0 deleted, the head too")  # fmt: skip
+
+
+def test_engines_refusing_offload_and_onload_are_reported_and_never_left_offloaded(kube, operator):
+    kube.apply(make_rljob("memory", replicas=2))
+    trainer, _ = control_rbac(kube, "memory")
+    wait_for(lambda: kube.status("memory").get("ready") == "2/2", 120, what="2/2 serving")
+    ip = {p["metadata"]["labels"]["rljob.io/cell-index"]: p["status"]["podIP"] for p in kube.engine_pods("memory")}
+
+    def warned(reason: str, cell: str) -> list[str]:
+        return [e["message"] for e in kube.events("memory") if e["reason"] == reason and e["type"] == "Warning"
+                and cell in e["message"]]  # fmt: skip
+
+    # Offload: cell 1's engine refuses to sleep. It keeps serving; cell 0 is offloaded.
+    standin(ip["1"], "refuse?route=sleep")
+    code, body, _ = call(operator.api, kube.ns, "memory", "offload", {"tags": ["weights"]}, trainer)
+    assert code == 200 and list(body["failed"]) == ["memory-cell-1"] and "500" in body["failed"]["memory-cell-1"], body
+    wait_for(lambda: warned("Offloaded", "memory-cell-1"), 30, what="a warning Offloaded Event naming cell 1")
+    wait_for(lambda: engine_states(kube.status("memory")) == {"memory-cell-0": "Offloaded", "memory-cell-1": "Serving"},
+             30, what="cell 0 Offloaded, cell 1 still Serving in status")  # fmt: skip
+
+    # Onload: cell 0's engine refuses to wake up. Its weights are gone: Unhealthy, then recreated.
+    standin(ip["0"], "refuse?route=wake_up")
+    code, body, _ = call(operator.api, kube.ns, "memory", "onload", {"tags": ["weights"]}, trainer)
+    assert code == 200 and list(body["failed"]) == ["memory-cell-0"], body
+
+    def recreated() -> bool:
+        e = engine(kube.status("memory"), "memory-cell-0")
+        return e["generation"] == 1 and e["state"] in ("Starting", "PendingWeights", "Serving")
+
+    wait_for(recreated, 120, what="cell 0 recreated at generation 1, not left Offloaded")
+    unhealthy = cell_events(kube, "memory", "memory-cell-0", "CellUnhealthy")
+    assert unhealthy and "onload failed" in unhealthy[0], unhealthy
+    status = kube.status("memory")
+    assert (engine(status, "memory-cell-0")["restarts"], engine(status, "memory-cell-1")["restarts"]) == (1, 0)
+    assert engine(status, "memory-cell-1")["state"] == "Serving" and not engine(status, "memory-cell-0").get("memory")
