@@ -10,6 +10,7 @@ tests/reliability/history.py hold (checked from the audit log after each test).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rljob_operator.relist import NUDGE_ANNOTATION
 
 from tests.integration.operator_harness import (
     Kube,
@@ -231,13 +233,23 @@ def test_an_api_server_restart_is_reconnected_to(cluster, namespace, proxy, oper
     assert op.proc.poll() is None and op.is_leader(), "the operator died or leads no more:\n" + op.log_tail()
 
 
-def test_a_dropped_spec_edit_event_is_made_up_for_by_the_resync(cluster, namespace, proxy, operators):
+RELIST = ("--relist", "2")  # the operator's one LIST of RLJobs, every 2 s here (30 s by default)
+
+
+def watching_rljobs(proxy: ApiProxy) -> Fault:
+    """Counts the operator's RLJob watch requests (kopf lists, then watches: once one is seen,
+    a job created after is a watch event, not an item of kopf's first list)."""
+    return proxy.add(Fault("delay", "GET", "rljobs", watch=True, times=0))
+
+
+def test_a_dropped_spec_edit_event_is_made_up_for_by_the_relist(cluster, namespace, proxy, operators):
     """Fault: once the job serves 1 cell, every RLJob watch event is dropped (kopf continues
     its watch from the last resourceVersion it saw and never re-lists on its own, so the
-    edit to 2 replicas never reaches its view). Expectation: the operator's resync reads the
-    RLJob and converges to 2/2 anyway, the first cell kept (same pod, restarts 0)."""
+    edit to 2 replicas never reaches its view). Expectation: the operator's relist hands the
+    newer generation to the job, which converges to 2/2 anyway, the first cell kept (same pod,
+    restarts 0)."""
     kube = Kube(cluster, namespace)
-    op = operators()
+    op = operators(*RELIST)
     kube.apply(make_rljob("deafjob", replicas=1))
     wait_for(lambda: converged(kube, "deafjob", 1), 120, what="1/1 before the drops")
     pods = live_engine_pods(kube, "deafjob")
@@ -247,4 +259,45 @@ def test_a_dropped_spec_edit_event_is_made_up_for_by_the_resync(cluster, namespa
     wait_for(lambda: converged(kube, "deafjob", 2), 60, what="2/2 with every RLJob event dropped")
     assert set(pods) <= set(live_engine_pods(kube, "deafjob"))
     assert cell_restarts(kube, "deafjob") == {"deafjob-cell-0": 0, "deafjob-cell-1": 0}
+    assert op.proc.poll() is None, "the operator died:\n" + op.log_tail()
+
+
+def deletion_nudged_by(nudged: str) -> Any:
+    """Matches the events of a deletion mark that carry no nudge of the relist since `nudged`."""
+
+    def matches(event: dict[str, Any]) -> bool:
+        meta = event.get("object", {}).get("metadata") or {}
+        return bool(meta.get("deletionTimestamp")) and (meta.get("annotations") or {}).get(NUDGE_ANNOTATION) == nudged
+
+    return matches
+
+
+def test_a_dropped_added_event_is_picked_up_by_the_relist(cluster, namespace, proxy, operators):
+    """Fault: the ADDED event of a new RLJob is dropped, later the MODIFIED event of its
+    deletion (kopf re-lists only after a 410, so without more it would never start the job,
+    nor stop it and remove its finalizer). Expectation: the relist finds the job kopf holds no
+    daemon for on two lists in a row and nudges it (an annotation: kopf's watch sees that),
+    so it converges to 1/1; the same for the deletion kopf did not see: the RLJob is gone,
+    its finalizer removed. The audit log's invariants hold (nothing created after the
+    deletion mark)."""
+    kube = Kube(cluster, namespace)
+    watches = watching_rljobs(proxy)
+    drop = proxy.add(Fault("drop", "GET", "rljobs", watch=True, times=1))
+    op = operators(*RELIST)
+    wait_for(lambda: watches.matched > 0, 60, what="the operator's RLJob watch open")
+    kube.apply(make_rljob("unheard", replicas=1))
+    wait_for(lambda: drop.applied == 1, 30, what="the new job's ADDED event dropped")
+    wait_for(lambda: converged(kube, "unheard", 1), 60, what="1/1 though kopf never saw the job's ADDED event")
+    meta = json.loads(cluster.kubectl("get", "rlj", "unheard", "-n", namespace, "-o", "json").stdout)["metadata"]
+    nudged = (meta.get("annotations") or {}).get(NUDGE_ANNOTATION)
+    assert nudged, meta  # the relist's nudge, not a watch reconnect, made kopf see the job
+    # every event of the deletion mark, until the relist's annotation comes with one
+    deletion = proxy.add(Fault("drop", "GET", "rljobs", watch=True, times=0, event=deletion_nudged_by(nudged)))
+    cluster.kubectl("delete", "rlj", "unheard", "-n", namespace, "--wait=false")
+    wait_for(lambda: deletion.applied > 0, 30, what="the deletion's watch event dropped")
+    wait_for(
+        lambda: cluster.kubectl("get", "rlj", "unheard", "-n", namespace, check=False).returncode != 0,
+        60,
+        what="the RLJob deleted (finalizer removed) though kopf never saw its deletion event",
+    )
     assert op.proc.poll() is None, "the operator died:\n" + op.log_tail()
