@@ -111,9 +111,11 @@ def test_operator_killed_after_its_first_writes_converges_once_restarted(
     cluster, namespace, proxy, operators
 ):
     """SIGKILL right after the k-th write of a kind: inside a two-pod cell's creation (after its
-    first pod), after the first and the third status patch; a new replica finishes."""
+    first pod), after the first and the third status patch, after the first Event (core/v1
+    `POST /api/v1/namespaces/<ns>/events`: what kubeapi.create_event and kopf's posting
+    write); a new replica finishes."""
     kube = Kube(cluster, namespace)
-    cases = [("POST", "pods", 1), ("PATCH", "status", 1), ("PATCH", "status", 3)]
+    cases = [("POST", "pods", 1), ("PATCH", "status", 1), ("PATCH", "status", 3), ("POST", "events", 1)]
     for n, (method, resource, k) in enumerate(cases):
         name = f"crash{n}"
         victim: list[OperatorProcess] = []
@@ -300,4 +302,34 @@ def test_a_dropped_added_event_is_picked_up_by_the_relist(cluster, namespace, pr
         60,
         what="the RLJob deleted (finalizer removed) though kopf never saw its deletion event",
     )
+    assert op.proc.poll() is None, "the operator died:\n" + op.log_tail()
+
+
+def test_dropped_engine_pod_events_still_reach_ready_and_replace_a_deleted_pod(
+    cluster, namespace, proxy, operators
+):
+    """Fault: every event of the operator's engine pod watch is dropped (ADDED, MODIFIED,
+    DELETED: the watch that wakes a job waiting on its pods, handlers.wake_for_engine_pod).
+    Expectation: the passes' own pod lists (poll and resync) see what the watch does not: the
+    job reaches 2/2, and an engine pod deleted by hand is replaced: its cell recreated once
+    (restarts 1, generation 1, waiting for weights as a new cell does), the other untouched; the audit log shows one live pod
+    per slot throughout and restart counts equal to the recreations (history invariants)."""
+    kube = Kube(cluster, namespace)
+    drop = proxy.add(Fault("drop", "GET", "pods", watch=True, times=0))
+    op = operators()
+    kube.apply(make_rljob("podless", replicas=2))
+    wait_for(lambda: converged(kube, "podless", 2), 120, what="2/2 with every engine pod event dropped")
+    assert drop.applied > 0, "no pod watch event was dropped"
+    assert live_engine_pods(kube, "podless") == ["podless-cell-0-g0-0", "podless-cell-1-g0-0"]
+    seen = drop.applied
+    cluster.kubectl("delete", "pod", "podless-cell-1-g0-0", "-n", namespace, "--wait=false")
+
+    def replaced() -> bool:  # a new cell without a trainer waits for the next weight update
+        states = {c["name"]: c.get("state") for c in kube.status("podless").get("engines") or []}
+        return live_engine_pods(kube, "podless") == ["podless-cell-0-g0-0", "podless-cell-1-g1-0"] and states == {
+            "podless-cell-0": "Serving", "podless-cell-1": "PendingWeights"}  # fmt: skip
+
+    wait_for(replaced, 60, what="the deleted engine pod's cell recreated with every pod event dropped")
+    assert drop.applied > seen, "the deletion's pod events were not dropped"
+    assert cell_restarts(kube, "podless") == {"podless-cell-0": 0, "podless-cell-1": 1}
     assert op.proc.poll() is None, "the operator died:\n" + op.log_tail()
