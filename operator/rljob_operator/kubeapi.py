@@ -240,6 +240,16 @@ class KubeApi:
     async def get_rljob(self, namespace: str, name: str) -> dict[str, Any] | None:
         return await self.call("GET", self._rljob_path(namespace, name), ok=(404,))
 
+    async def list_rljobs(self, namespace: str | None) -> list[dict[str, Any]]:
+        """Every RLJob of `namespace` (None: of the cluster), as one consistent LIST."""
+        listed = await self._object("GET", resource_path(API_VERSION, KIND, namespace))
+        return list(listed.get("items") or [])
+
+    async def annotate_rljob(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
+        """Merge `annotations` into the RLJob's metadata (gone is success)."""
+        body = {"metadata": {"annotations": annotations}}
+        await self.call("PATCH", self._rljob_path(namespace, name), body=body, content_type=MERGE_PATCH, ok=(404,))
+
     async def patch_rljob_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
         """JSON merge patch of the status subresource: lists are replaced, None deletes a key."""
         path = self._rljob_path(namespace, name) + "/status"

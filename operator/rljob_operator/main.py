@@ -40,6 +40,7 @@ from rljob_operator.logging import configure_logging
 from rljob_operator.metrics import Metrics
 from rljob_operator.platform import KubernetesPlatform
 from rljob_operator.registry import JobRegistry
+from rljob_operator.relist import Relister
 from rljob_operator.settings import OperatorSettings, load_settings
 
 log = logging.getLogger("rljob_operator")
@@ -175,6 +176,10 @@ async def run_operator(s: OperatorSettings) -> int:
                 ),
                 name="kopf",
             )
+            relister = Relister(kube, ctx.runtimes, [None] if s.clusterwide else list(s.namespaces),
+                                s.relist_seconds, acting=elector.is_leader)  # fmt: skip
+            relist_stop = asyncio.Event()
+            relist_task = asyncio.create_task(relister.run(relist_stop), name="relist")
             # kopf installs its own SIGINT/SIGTERM handlers (they stop kopf); ours stay for the rest.
             waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(lost.wait()), kopf_task]
             await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
@@ -186,9 +191,12 @@ async def run_operator(s: OperatorSettings) -> int:
             elif kopf_task.done() and not kopf_task.cancelled() and kopf_task.exception() is not None:
                 log.error("kopf stopped with an error: %r", kopf_task.exception())
                 exit_code = EXIT_LOST_LEADERSHIP
+            relist_stop.set()
             kopf_stop.set()
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await asyncio.wait_for(kopf_task, timeout=60)
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.wait_for(relist_task, timeout=60)
     finally:
         elector_stop.set()
         elector_task.cancel()

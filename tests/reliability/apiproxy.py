@@ -14,8 +14,9 @@ call `after` once the k-th matching write was answered (a test SIGKILLs the oper
 or answer a read with an older response (`stale`: the first answer to each path and query is
 recorded, later matches get it again, an informer cache or an API server replica behind).
 Two actions act on the events of a watch stream instead of on requests (`skip` and `times`
-count events: ADDED, MODIFIED, DELETED, never BOOKMARK or ERROR): `drop` loses an event,
-`lag` holds it (and the stream behind it) back for `seconds`. `outage(seconds)` emulates a
+count events: ADDED, MODIFIED, DELETED, never BOOKMARK or ERROR; `event`, a test of the
+event, narrows them): `drop` loses an event, `lag` holds it (and the stream behind it) back
+for `seconds`. `outage(seconds)` emulates a
 kube-apiserver restart: every open connection is cut and every request refused until it ends.
 Faults are added and removed while the proxy runs; `matched`/`applied` count them.
 """
@@ -53,6 +54,7 @@ class Fault:
     skip: int = 0
     times: int = 1
     after: Callable[[], None] | None = None
+    event: Callable[[dict[str, Any]], bool] | None = None  # drop/lag: only events this holds for
     matched: int = 0
     applied: int = 0
     recorded: dict[str, tuple[int, bytes, dict[str, str]]] = field(default_factory=dict)
@@ -270,10 +272,12 @@ class ApiProxy:
     @staticmethod
     async def _pass_event(line: bytes, event_faults: list[Fault]) -> bool:
         """Whether one line of a watch stream goes on to the client (a `lag` holds it first)."""
+        event: dict[str, Any] = {}
         with contextlib.suppress(ValueError):
-            if json.loads(line).get("type") not in ("ADDED", "MODIFIED", "DELETED"):
+            event = json.loads(line)
+            if event.get("type") not in ("ADDED", "MODIFIED", "DELETED"):
                 return True
-        fault = next((f for f in event_faults if f.take()), None)
+        fault = next((f for f in event_faults if (f.event is None or f.event(event)) and f.take()), None)
         if fault is None:
             return True
         if fault.action == "lag":

@@ -10,6 +10,7 @@ tests/reliability/history.py hold (checked from the audit log after each test).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rljob_operator.relist import NUDGE_ANNOTATION
 
 from tests.integration.operator_harness import (
     Kube,
@@ -109,9 +111,11 @@ def test_operator_killed_after_its_first_writes_converges_once_restarted(
     cluster, namespace, proxy, operators
 ):
     """SIGKILL right after the k-th write of a kind: inside a two-pod cell's creation (after its
-    first pod), after the first and the third status patch; a new replica finishes."""
+    first pod), after the first and the third status patch, after the first Event (core/v1
+    `POST /api/v1/namespaces/<ns>/events`: what kubeapi.create_event and kopf's posting
+    write); a new replica finishes."""
     kube = Kube(cluster, namespace)
-    cases = [("POST", "pods", 1), ("PATCH", "status", 1), ("PATCH", "status", 3)]
+    cases = [("POST", "pods", 1), ("PATCH", "status", 1), ("PATCH", "status", 3), ("POST", "events", 1)]
     for n, (method, resource, k) in enumerate(cases):
         name = f"crash{n}"
         victim: list[OperatorProcess] = []
@@ -231,13 +235,23 @@ def test_an_api_server_restart_is_reconnected_to(cluster, namespace, proxy, oper
     assert op.proc.poll() is None and op.is_leader(), "the operator died or leads no more:\n" + op.log_tail()
 
 
-def test_a_dropped_spec_edit_event_is_made_up_for_by_the_resync(cluster, namespace, proxy, operators):
+RELIST = ("--relist", "2")  # the operator's one LIST of RLJobs, every 2 s here (30 s by default)
+
+
+def watching_rljobs(proxy: ApiProxy) -> Fault:
+    """Counts the operator's RLJob watch requests (kopf lists, then watches: once one is seen,
+    a job created after is a watch event, not an item of kopf's first list)."""
+    return proxy.add(Fault("delay", "GET", "rljobs", watch=True, times=0))
+
+
+def test_a_dropped_spec_edit_event_is_made_up_for_by_the_relist(cluster, namespace, proxy, operators):
     """Fault: once the job serves 1 cell, every RLJob watch event is dropped (kopf continues
     its watch from the last resourceVersion it saw and never re-lists on its own, so the
-    edit to 2 replicas never reaches its view). Expectation: the operator's resync reads the
-    RLJob and converges to 2/2 anyway, the first cell kept (same pod, restarts 0)."""
+    edit to 2 replicas never reaches its view). Expectation: the operator's relist hands the
+    newer generation to the job, which converges to 2/2 anyway, the first cell kept (same pod,
+    restarts 0)."""
     kube = Kube(cluster, namespace)
-    op = operators()
+    op = operators(*RELIST)
     kube.apply(make_rljob("deafjob", replicas=1))
     wait_for(lambda: converged(kube, "deafjob", 1), 120, what="1/1 before the drops")
     pods = live_engine_pods(kube, "deafjob")
@@ -247,4 +261,75 @@ def test_a_dropped_spec_edit_event_is_made_up_for_by_the_resync(cluster, namespa
     wait_for(lambda: converged(kube, "deafjob", 2), 60, what="2/2 with every RLJob event dropped")
     assert set(pods) <= set(live_engine_pods(kube, "deafjob"))
     assert cell_restarts(kube, "deafjob") == {"deafjob-cell-0": 0, "deafjob-cell-1": 0}
+    assert op.proc.poll() is None, "the operator died:\n" + op.log_tail()
+
+
+def deletion_nudged_by(nudged: str) -> Any:
+    """Matches the events of a deletion mark that carry no nudge of the relist since `nudged`."""
+
+    def matches(event: dict[str, Any]) -> bool:
+        meta = event.get("object", {}).get("metadata") or {}
+        return bool(meta.get("deletionTimestamp")) and (meta.get("annotations") or {}).get(NUDGE_ANNOTATION) == nudged
+
+    return matches
+
+
+def test_a_dropped_added_event_is_picked_up_by_the_relist(cluster, namespace, proxy, operators):
+    """Fault: the ADDED event of a new RLJob is dropped, later the MODIFIED event of its
+    deletion (kopf re-lists only after a 410, so without more it would never start the job,
+    nor stop it and remove its finalizer). Expectation: the relist finds the job kopf holds no
+    daemon for on two lists in a row and nudges it (an annotation: kopf's watch sees that),
+    so it converges to 1/1; the same for the deletion kopf did not see: the RLJob is gone,
+    its finalizer removed. The audit log's invariants hold (nothing created after the
+    deletion mark)."""
+    kube = Kube(cluster, namespace)
+    watches = watching_rljobs(proxy)
+    drop = proxy.add(Fault("drop", "GET", "rljobs", watch=True, times=1))
+    op = operators(*RELIST)
+    wait_for(lambda: watches.matched > 0, 60, what="the operator's RLJob watch open")
+    kube.apply(make_rljob("unheard", replicas=1))
+    wait_for(lambda: drop.applied == 1, 30, what="the new job's ADDED event dropped")
+    wait_for(lambda: converged(kube, "unheard", 1), 60, what="1/1 though kopf never saw the job's ADDED event")
+    meta = json.loads(cluster.kubectl("get", "rlj", "unheard", "-n", namespace, "-o", "json").stdout)["metadata"]
+    nudged = (meta.get("annotations") or {}).get(NUDGE_ANNOTATION)
+    assert nudged, meta  # the relist's nudge, not a watch reconnect, made kopf see the job
+    # every event of the deletion mark, until the relist's annotation comes with one
+    deletion = proxy.add(Fault("drop", "GET", "rljobs", watch=True, times=0, event=deletion_nudged_by(nudged)))
+    cluster.kubectl("delete", "rlj", "unheard", "-n", namespace, "--wait=false")
+    wait_for(lambda: deletion.applied > 0, 30, what="the deletion's watch event dropped")
+    wait_for(
+        lambda: cluster.kubectl("get", "rlj", "unheard", "-n", namespace, check=False).returncode != 0,
+        60,
+        what="the RLJob deleted (finalizer removed) though kopf never saw its deletion event",
+    )
+    assert op.proc.poll() is None, "the operator died:\n" + op.log_tail()
+
+
+def test_dropped_engine_pod_events_still_reach_ready_and_replace_a_deleted_pod(
+    cluster, namespace, proxy, operators
+):
+    """Fault: every event of the operator's engine pod watch is dropped (ADDED, MODIFIED,
+    DELETED: the watch that wakes a job waiting on its pods, handlers.wake_for_engine_pod).
+    Expectation: the passes' own pod lists (poll and resync) see what the watch does not: the
+    job reaches 2/2, and an engine pod deleted by hand is replaced: its cell recreated once
+    (restarts 1, generation 1, waiting for weights as a new cell does), the other untouched; the audit log shows one live pod
+    per slot throughout and restart counts equal to the recreations (history invariants)."""
+    kube = Kube(cluster, namespace)
+    drop = proxy.add(Fault("drop", "GET", "pods", watch=True, times=0))
+    op = operators()
+    kube.apply(make_rljob("podless", replicas=2))
+    wait_for(lambda: converged(kube, "podless", 2), 120, what="2/2 with every engine pod event dropped")
+    assert drop.applied > 0, "no pod watch event was dropped"
+    assert live_engine_pods(kube, "podless") == ["podless-cell-0-g0-0", "podless-cell-1-g0-0"]
+    seen = drop.applied
+    cluster.kubectl("delete", "pod", "podless-cell-1-g0-0", "-n", namespace, "--wait=false")
+
+    def replaced() -> bool:  # a new cell without a trainer waits for the next weight update
+        states = {c["name"]: c.get("state") for c in kube.status("podless").get("engines") or []}
+        return live_engine_pods(kube, "podless") == ["podless-cell-0-g0-0", "podless-cell-1-g1-0"] and states == {
+            "podless-cell-0": "Serving", "podless-cell-1": "PendingWeights"}  # fmt: skip
+
+    wait_for(replaced, 60, what="the deleted engine pod's cell recreated with every pod event dropped")
+    assert drop.applied > seen, "the deletion's pod events were not dropped"
+    assert cell_restarts(kube, "podless") == {"podless-cell-0": 0, "podless-cell-1": 1}
     assert op.proc.poll() is None, "the operator died:\n" + op.log_tail()

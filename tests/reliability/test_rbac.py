@@ -121,7 +121,7 @@ SAMPLES: dict[str, Any] = {
     "namespace": "ns", "name": "tiny-cell-0", "uid": "u", "selector": "a=b", "token": "t", "spec": {},
     "status": {}, "body": {}, "type_": "Normal", "reason": "R", "message": "m", "now": 0.0, "serving": True,
     "involved": {"apiVersion": "rljob.io/v1alpha1", "kind": "RLJob", "name": "tiny", "namespace": "ns", "uid": "u"},
-    "request": CellRequest(name="tiny-cell-0", index=0, generation=1),
+    "request": CellRequest(name="tiny-cell-0", index=0, generation=1), "annotations": {"a": "b"},
 }  # fmt: skip
 GENERIC = {"call", "apply", "create_if_absent", "get_stored"}  # the request primitives: driven through the others
 # Calls on any kind (Kueue's objects): driven with the kinds the code passes them, read from

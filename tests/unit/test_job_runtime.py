@@ -69,9 +69,6 @@ class FakeKube:
     async def get_job(self, ns: str, name: str) -> dict[str, Any] | None:
         return None
 
-    async def get_rljob(self, ns: str, name: str) -> dict[str, Any] | None:
-        return copy.deepcopy(self.body)
-
     async def count_pods(self, ns: str, selector: str) -> int:
         return len(self.platform.cells) if self.platform else 0
 

@@ -105,8 +105,8 @@ class JobRuntime:
     ) -> None:
         meta = body.get("metadata") or {}
         self.watched = body  # kopf's live view: spec/metadata change under us as the watch sees them
-        self._read: Mapping[str, Any] | None = None  # the RLJob as the resync last read it
-        self._read_at = float("-inf")
+        self._listed: Mapping[str, Any] | None = None  # the RLJob as the operator's relist last saw it
+        self._ended = False  # the relist found the RLJob gone while kopf missed its deletion
         self.namespace: str = meta["namespace"]
         self.name: str = meta["name"]
         self.metrics = metrics
@@ -133,24 +133,25 @@ class JobRuntime:
     # ---------------------------------------------------------------- views
     @property
     def body(self) -> Mapping[str, Any]:
-        """The newer of kopf's view and the resync's read, by metadata.generation.
+        """The newer of kopf's view and the operator's relist, by metadata.generation.
 
         kopf watches from the last resourceVersion it saw and re-lists only after a 410: a
-        watch event lost on the way (a proxy, a connection cut mid-event) leaves its view old
-        until the object changes again, a spec edit never acted on. The resync's read makes
-        that up; a generation never goes back, so neither view can undo a newer spec.
+        watch event lost on the way leaves its view old until the object changes again, a
+        spec edit never acted on. The relist (`rljob_operator.relist`, one LIST for all jobs)
+        makes that up; a generation never goes back, so neither view can undo a newer spec.
         """
-        if self._read is not None and _generation(self._read) > _generation(self.watched):
-            return self._read
-        return self.watched
+        return newer_body(self.watched, self._listed)
 
-    async def refresh(self) -> None:
-        """Read the RLJob at most once a resync period (a consistent GET)."""
-        now = self.job.clock.now()
-        if now - self._read_at < self.resync_seconds:
-            return
-        self._read_at = now
-        self._read = await self.job.kube.get_rljob(self.namespace, self.name)
+    def observe_listed(self, body: Mapping[str, Any]) -> None:
+        """The relist's copy of the RLJob; a newer spec than kopf's wakes the loop."""
+        self._listed = body
+        if _generation(body) > _generation(self.watched) and wake_key(body) != self._pass_key:
+            self.poke()
+
+    def end(self) -> None:
+        """The RLJob is gone and kopf missed it: the loop ends (and releases the job)."""
+        self._ended = True
+        self.poke()
 
     @property
     def generation(self) -> int | None:
@@ -292,8 +293,6 @@ class JobRuntime:
         self._pass_key = wake_key(self.body)
         step = "pass"
         try:
-            step = "read"
-            await self.refresh()
             step = "queue"
             await self.ask_kueue()
             step = "pass"
@@ -320,7 +319,7 @@ class JobRuntime:
         """Loop until kopf sets `stopped` (deletion, operator exit or lost leadership)."""
         self.recorder.start()
         try:
-            while not stopped:
+            while not stopped and not self._ended:
                 delay = await self.run_pass()
                 await self._sleep(delay, stopped)
         finally:
@@ -342,3 +341,11 @@ class JobRuntime:
 
 def _generation(body: Mapping[str, Any]) -> int:
     return int((body.get("metadata") or {}).get("generation") or 0)
+
+
+def newer_body(watched: Mapping[str, Any], listed: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    """The body a job acts on: the listed one only when its generation is higher than kopf's
+    view (equal: kopf's, which is as fresh or fresher for everything else)."""
+    if listed is not None and _generation(listed) > _generation(watched):
+        return listed
+    return watched
