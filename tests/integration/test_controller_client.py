@@ -44,6 +44,7 @@ from controller_runtime.clock import FakeClock
 from controller_runtime.controller import InferenceController
 from controller_runtime.errors import LockHeld
 from controller_runtime.fakes import FakeEngines, FakePlatform, settle
+from tests.unit.test_token_file import rotate
 
 # Fixtures run in the session loop (pyproject); the tests must share it with their servers.
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -234,13 +235,6 @@ async def test_http_client_sends_the_token_file_and_retries_503_with_retry_after
     assert controller.rollout_id == 1
     assert http_client._clock.delays == [1.0, 1.0]  # type: ignore[attr-defined]
     assert set(control.seen_auth) == {f"Bearer {TOKEN}"}
-
-
-def rotate(token_file: Path, token: str) -> None:
-    """What the kubelet does to a projected token: the new file replaces the old one in one step."""
-    fresh = token_file.with_name(token_file.name + ".new")
-    fresh.write_text(token + "\n")
-    fresh.replace(token_file)
 
 
 async def test_http_client_sends_the_new_token_once_the_file_is_rotated(server: tuple[ControlApp, str],

@@ -40,6 +40,7 @@ from tests.integration.operator_harness import (
     release_rljobs,
     wait_for,
 )
+from tests.unit.test_token_file import rotate
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 
@@ -80,9 +81,7 @@ async def follow_rotations(api: str, namespace: str, token_file: Path, tokens: l
     seen = []
     try:
         for token in tokens:
-            fresh = token_file.with_name("token.new")
-            fresh.write_text(token)
-            fresh.replace(token_file)
+            rotate(token_file, token)
             try:
                 await client.cells()
                 seen.append("ok")

@@ -17,9 +17,9 @@ def jwt(exp: float | None) -> str:
     return f"eyJhbGciOiJSUzI1NiJ9.{body}.c2lnbmF0dXJl"
 
 
-def swap(path: Path, text: str) -> None:
-    """The kubelet's update: a new file takes the path in one rename."""
-    fresh = path.with_name(path.name + ".tmp")
+def rotate(path: Path, text: str) -> None:
+    """The kubelet's update of a projected token: a new file takes the path in one rename."""
+    fresh = path.with_name(path.name + ".new")
     fresh.write_text(text)
     fresh.replace(path)
 
@@ -37,7 +37,7 @@ def test_the_file_is_read_again_only_when_it_was_replaced(tmp_path: Path) -> Non
     tokens = TokenFile(path)
     assert [tokens.current() for _ in range(5)] == ["one"] * 5
     assert tokens.reads == 1
-    swap(path, "two\n")
+    rotate(path, "two\n")
     assert tokens.current() == "two"
     assert tokens.reads == 2
 
@@ -65,7 +65,7 @@ def test_refresh_says_whether_the_file_held_another_token(tmp_path: Path) -> Non
     tokens = TokenFile(path)
     assert tokens.current() == "same"
     assert tokens.refresh() is False
-    swap(path, "rotated")
+    rotate(path, "rotated")
     assert tokens.refresh() is True
     assert tokens.current() == "rotated"
 
@@ -76,7 +76,7 @@ def test_a_missing_or_empty_file_gives_no_token(tmp_path: Path) -> None:
     assert tokens.current() is None
     path.write_text("  \n")
     assert tokens.current() is None
-    swap(path, "late")
+    rotate(path, "late")
     assert tokens.current() == "late"
     path.unlink()
     assert tokens.current() is None and tokens.refresh() is False
