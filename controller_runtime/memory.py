@@ -76,7 +76,7 @@ class FleetMemory:
         change = _memory_change(targets, results)
         await self.fleet.sync_serving_all(targets)
         self.fleet.record("offload", tags=[str(t) for t in wanted], **change.to_dict())
-        self.fleet.emit(Reason.Offloaded, f"released {', '.join(map(str, wanted))} on {len(change.cells)} cells"
+        self.fleet.emit(Reason.Offloaded, f"released {', '.join(map(str, wanted))} on {_cells_moved(change)}"
                         + (f"; failed on {sorted(change.failed)}" if change.failed else ""),
                         warning=bool(change.failed))
         return change
@@ -97,7 +97,7 @@ class FleetMemory:
         cell.memory = tuple(t for t in MemoryTag if t in cell.memory or t in release)
         if MemoryTag.weights in release and cell.state is not S.Offloaded:
             cell.state_before_offload = cell.state
-            self.fleet.move(cell, S.Offloaded, "weights released")
+            self.fleet.move(cell, S.Offloaded, "weights released", announce=False)
         return [str(t) for t in release]
 
     async def onload(self, wanted: list[MemoryTag]) -> MemoryChange:
@@ -112,7 +112,7 @@ class FleetMemory:
         if not self.any_released():
             self.health.resume(PAUSE_OFFLOAD)
         self.fleet.record("onload", tags=[str(t) for t in wanted], **change.to_dict())
-        self.fleet.emit(Reason.Onloaded, f"resumed {', '.join(map(str, wanted))} on {len(change.cells)} cells"
+        self.fleet.emit(Reason.Onloaded, f"resumed {', '.join(map(str, wanted))} on {_cells_moved(change)}"
                         + (f"; failed on {sorted(change.failed)}" if change.failed else ""),
                         warning=bool(change.failed))
         return change
@@ -138,10 +138,17 @@ class FleetMemory:
             version = self.fleet.weight_version
             if back is S.Serving and cell.weight_version != version:
                 # It slept through a weight update: serving again would serve stale weights.
-                self.fleet.move(cell, S.PendingWeights, f"weights onloaded at {cell.weight_version}, fleet is at {version}")
+                self.fleet.move(cell, S.PendingWeights, f"weights onloaded at {cell.weight_version}, fleet is at {version}",
+                                announce=False)
             else:
-                self.fleet.move(cell, back, "weights onloaded")
+                self.fleet.move(cell, back, "weights onloaded", announce=False)
         return [str(t) for t in resume]
+
+
+def _cells_moved(change: MemoryChange) -> str:
+    """The one Event of an offload/onload names its cells (their moves are not announced one by one)."""
+    names = sorted(change.cells)
+    return f"{len(names)} cells" + (f" ({', '.join(names)})" if names else "")
 
 
 def _memory_change(cells: list[Cell], results: Iterable[list[str] | BaseException]) -> MemoryChange:

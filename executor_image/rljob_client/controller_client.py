@@ -90,6 +90,7 @@ from controller_runtime.api.wire_errors import (
 )
 from controller_runtime.clock import Clock, RealClock
 from controller_runtime.errors import ControllerError
+from rljob_client.token_file import TokenFile
 
 log = logging.getLogger(__name__)
 
@@ -300,7 +301,9 @@ class InferenceControllerClient(_VerbClient):
     """Async client of the operator's controller API for one RLJob.
 
     Authenticates with a bearer token: `token` if given, else the pod's ServiceAccount token
-    file re-read on every call (kubelet rotates projected tokens). A 503 (standby operator
+    file (`token_file.TokenFile`: read again when the kubelet rotated it, when the token is past
+    its expiry, and once when the controller answers 401, after which the call is made again
+    if the file held a newer token). A 503 (standby operator
     replica, failover in progress) and a refused connection are retried, honouring
     Retry-After, until `retry_timeout` seconds have passed; every other failure raises a
     typed ControllerAPIError at once.
@@ -326,7 +329,7 @@ class InferenceControllerClient(_VerbClient):
         self.namespace = namespace
         self.holder = holder or default_holder()
         self._token = token
-        self._token_file = Path(token_file) if token_file else None
+        self._token_file = TokenFile(token_file) if token_file else None
         self._timeout = timeout
         self._retry_timeout = retry_timeout
         self._max_retry_delay = max_retry_delay
@@ -350,9 +353,15 @@ class InferenceControllerClient(_VerbClient):
 
     def _headers(self) -> dict[str, str]:
         token = self._token
-        if token is None and self._token_file is not None and self._token_file.is_file():
-            token = self._token_file.read_text().strip()
+        if token is None and self._token_file is not None:
+            token = self._token_file.current()
         return {"Authorization": f"Bearer {token}"} if token else {}
+
+    def _token_renewed(self, err: ControllerAPIError) -> bool:
+        """After a 401: whether the token file now holds another token (then the call is worth
+        repeating: the kubelet rotated it between our read and the controller's review)."""
+        return isinstance(err, ControllerUnauthenticated) and self._token is None and self._token_file is not None \
+            and self._token_file.refresh()
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -365,6 +374,7 @@ class InferenceControllerClient(_VerbClient):
         url = self.base_url + job_path(self.namespace, self.name, verb)
         payload = request.model_dump(by_alias=True, mode="json", exclude_none=True) if request is not None else None
         deadline = self._clock.now() + self._retry_timeout
+        renewed = False  # one repeat after a 401 with a rotated token, never a loop
         while True:
             try:
                 async with self._client().request(
@@ -385,6 +395,9 @@ class InferenceControllerClient(_VerbClient):
                 delay = 1.0
             except TimeoutError as exc:
                 raise ControllerUnavailable(0, TIMEOUT, f"{verb}: no answer within {self._timeout + waits:g}s") from exc
+            if not renewed and self._token_renewed(err):
+                renewed = True
+                continue
             if not is_retryable(err):
                 raise err
             delay = min(max(delay, 0.05), self._max_retry_delay)

@@ -46,7 +46,7 @@ from controller_runtime.api.wire_errors import (
 from controller_runtime.clock import parse_iso
 from rljob_operator.auth import Authorizer, Decision
 from rljob_operator.metrics import Metrics
-from rljob_operator.registry import JobHandle, JobRegistry
+from rljob_operator.registry import VERB_PUBLISHES, JobHandle, JobRegistry
 
 log = logging.getLogger(__name__)
 
@@ -149,9 +149,13 @@ class ControlServer:
     async def run_verb(self, verb: Verb, job: JobHandle, body: dict[str, Any]) -> ApiModel:
         """The table's call, then the effect written into status before the answer goes out."""
         lock_before = (job.controller.status_patch().get("lock") or {}) if verb.name == "end_update_weights" else {}
-        out = await dispatch(verb, job.controller, body)
         if not verb.writes_status:
-            return out
+            return await dispatch(verb, job.controller, body)
+        published = VERB_PUBLISHES.set(True)
+        try:
+            out = await dispatch(verb, job.controller, body)
+        finally:
+            VERB_PUBLISHES.reset(published)
         try:
             await job.publish(verb.name)
         except Exception:

@@ -8,7 +8,14 @@ after a restart the daemons re-register from what the cluster holds.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextvars import ContextVar
 from typing import Any, Protocol
+
+# True while a controller API verb that writes status runs (its controller call, then its status
+# write): what the controller announces meanwhile reaches status through that write, so it is no
+# reason to wake the job's daemon for a pass (which would hold the fleet's mutex while the
+# trainer's next call waits). Child tasks of the verb see it too; probes started before do not.
+VERB_PUBLISHES: ContextVar[bool] = ContextVar("verb_publishes", default=False)
 
 
 class JobHandle(Protocol):

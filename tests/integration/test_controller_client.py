@@ -12,7 +12,7 @@ against real controller behaviour.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,6 +44,7 @@ from controller_runtime.clock import FakeClock
 from controller_runtime.controller import InferenceController
 from controller_runtime.errors import LockHeld
 from controller_runtime.fakes import FakeEngines, FakePlatform, settle
+from tests.unit.test_token_file import rotate
 
 # Fixtures run in the session loop (pyproject); the tests must share it with their servers.
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -60,6 +61,8 @@ class ControlApp:
     standby_answers: int = 0  # answer this many requests with 503 + Retry-After first
     seen_auth: list[str | None] = field(default_factory=list)
     seen_verbs: list[str] = field(default_factory=list)
+    tokens: set[str] = field(default_factory=lambda: {TOKEN})  # the tokens the "TokenReview" accepts
+    on_refused: Callable[[], None] | None = None  # runs before a 401 answers (a rotation in flight)
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -75,7 +78,9 @@ class ControlApp:
 
     async def serve(self, request: web.Request) -> web.Response:
         self.seen_auth.append(request.headers.get("Authorization"))
-        if request.headers.get("Authorization") != f"Bearer {TOKEN}":
+        if request.headers.get("Authorization") not in {f"Bearer {t}" for t in self.tokens}:
+            if self.on_refused is not None:
+                self.on_refused()
             raise refusal(ControllerUnauthenticated, "bad token")
         if self.standby_answers > 0:
             self.standby_answers -= 1
@@ -230,6 +235,59 @@ async def test_http_client_sends_the_token_file_and_retries_503_with_retry_after
     assert controller.rollout_id == 1
     assert http_client._clock.delays == [1.0, 1.0]  # type: ignore[attr-defined]
     assert set(control.seen_auth) == {f"Bearer {TOKEN}"}
+
+
+async def test_http_client_sends_the_new_token_once_the_file_is_rotated(server: tuple[ControlApp, str],
+                                                                      tmp_path: Path) -> None:
+    control, url = server
+    token_file = tmp_path / "token"
+    token_file.write_text("token-1\n")
+    control.tokens = {"token-1"}
+    client = InferenceControllerClient(url, JOB, NS, token_file=token_file, clock=SkippingClock())
+    try:
+        await client.cells()
+        await client.cells()
+        rotate(token_file, "token-2")
+        control.tokens = {"token-2"}  # the old token no longer passes (expired)
+        await client.cells()
+    finally:
+        await client.close()
+    assert control.seen_auth == ["Bearer token-1", "Bearer token-1", "Bearer token-2"]
+    assert client._token_file is not None and client._token_file.reads == 2  # not once per call
+
+
+async def test_http_client_rereads_the_token_after_a_401_and_repeats_the_call_once(server: tuple[ControlApp, str],
+                                                                                  tmp_path: Path,
+                                                                                  controller: InferenceController) -> None:
+    """The kubelet rotated the token while a call was in flight: the controller refused the old
+    one; the client reads the file again and the call goes through with the new token."""
+    control, url = server
+    token_file = tmp_path / "token"
+    token_file.write_text("token-1\n")
+    control.tokens = {"token-2"}
+    control.on_refused = lambda: rotate(token_file, "token-2")
+    client = InferenceControllerClient(url, JOB, NS, token_file=token_file, clock=SkippingClock())
+    try:
+        await client.prepare_rollout(5)
+    finally:
+        await client.close()
+    assert control.seen_auth == ["Bearer token-1", "Bearer token-2"]
+    assert controller.rollout_id == 5
+
+
+async def test_http_client_raises_a_401_at_once_when_the_token_file_holds_no_newer_token(
+    server: tuple[ControlApp, str], tmp_path: Path
+) -> None:
+    control, url = server
+    token_file = tmp_path / "token"
+    token_file.write_text("revoked\n")
+    client = InferenceControllerClient(url, JOB, NS, token_file=token_file, clock=SkippingClock())
+    try:
+        with pytest.raises(ControllerUnauthorized):
+            await client.cells()
+    finally:
+        await client.close()
+    assert control.seen_auth == ["Bearer revoked"]  # one request: a 401 is not retried with the same token
 
 
 async def test_http_client_gives_up_on_503_after_its_retry_deadline(server: tuple[ControlApp, str],

@@ -8,6 +8,10 @@ Role there, and from the trainer of job A against job B. Expectation: 401 for th
 is served. Then nothing secret (any of those tokens, the job's Ray token) appears in the
 operator's log, the RLJob's status, the namespace's Events or the operator's /metrics.
 
+The trainer's client follows its token file as the kubelet rotates it (issue 12): it is served
+with one token, refused once the file holds a wrong-audience token, and served again once the
+file holds a freshly minted one, without being rebuilt.
+
 The expired token is the trainer's own token re-signed with the cluster's ServiceAccount
 signing key and an `exp` an hour ago (the API server refuses to mint one that short); the
 same token re-signed with a future `exp` is served, so the refusal is the expiry alone.
@@ -15,6 +19,7 @@ same token re-signed with a future `exp` is served, so the refusal is the expiry
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import time
@@ -23,6 +28,7 @@ from typing import Any
 
 import jwt
 import pytest
+from rljob_client.controller_client import ControllerUnauthenticated, InferenceControllerClient
 
 from tests.integration.operator_harness import (
     Kube,
@@ -34,6 +40,7 @@ from tests.integration.operator_harness import (
     release_rljobs,
     wait_for,
 )
+from tests.unit.test_token_file import rotate
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 
@@ -65,6 +72,24 @@ def other_namespace_token(cluster: Any, namespace: str, job: str) -> str:
 def refusal(api: str, namespace: str, job: str, token: str | None) -> tuple[int, str, str]:
     code, body, _ = call(api, namespace, job, "cells", token=token, timeout=30)
     return code, body.get("reason", ""), body.get("error", "")
+
+
+async def follow_rotations(api: str, namespace: str, token_file: Path, tokens: list[str]) -> list[str]:
+    """One client, its token file rotated (atomically, as the kubelet does) before each call:
+    what each call got ("ok" or the refusal's reason)."""
+    client = InferenceControllerClient(api, "job-a", namespace, token_file=token_file, retry_timeout=0.0)
+    seen = []
+    try:
+        for token in tokens:
+            rotate(token_file, token)
+            try:
+                await client.cells()
+                seen.append("ok")
+            except ControllerUnauthenticated as exc:
+                seen.append(exc.reason)
+    finally:
+        await client.close()
+    return seen
 
 
 def test_bad_tokens_are_refused_with_a_reason_and_no_secret_leaks(cluster, namespace, tmp_path):
@@ -101,6 +126,11 @@ def test_bad_tokens_are_refused_with_a_reason_and_no_secret_leaks(cluster, names
             want = "Unauthenticated" if status == 401 else "Forbidden"
             assert (code, reason) == (status, want), f"{case}: {code} {reason} {message}"
             assert why in message, f"{case}: the message does not say why: {message!r}"
+
+        rotated = kube.token("trainer")  # the kubelet's next token for the same ServiceAccount
+        assert rotated != trainer
+        got = asyncio.run(follow_rotations(op.api, namespace, tmp_path / "token", [trainer, other_audience, rotated]))
+        assert got == ["ok", "Unauthenticated", "ok"], "the client did not follow its rotated token file"
 
         secret = kube.get("secret", "job-a-ray-auth")
         assert secret is not None, "the operator made the job's Ray token Secret"

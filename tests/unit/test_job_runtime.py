@@ -9,7 +9,7 @@ from typing import Any
 from rljob_operator.conditions import find
 from rljob_operator.metrics import Metrics
 from rljob_operator.reconcile.job_runtime import JobRuntime
-from rljob_operator.registry import JobRegistry
+from rljob_operator.registry import VERB_PUBLISHES, JobRegistry
 
 from controller_runtime.clock import FakeClock, iso
 from controller_runtime.fakes import FakeEngines, FakePlatform
@@ -363,6 +363,35 @@ async def test_a_window_opened_by_the_api_does_not_wake_a_pass_a_probe_verdict_d
     platform.fail_pod(f"{body['metadata']['name']}-cell-0")
     await rt.run_pass()
     assert rt._wake.is_set()  # a cell turned Unhealthy
+
+async def test_what_a_status_writing_verb_announces_wakes_a_pass_only_when_a_cell_waits_for_one():
+    """Inside a controller API verb that writes status (the window's end, an onload), its own
+    write publishes what changed: a pass woken by it only held the fleet's mutex while the
+    trainer's next call waited (issue 13: up to 77 ms of a window). A cell that waits for its
+    pods (found dead while the window was open) still gets its pass at once."""
+    clock, platform, body = FakeClock(), FakePlatform(), rljob()
+    rt, _kube, _ = runtime(body, platform, clock)
+    await settle(rt)
+    in_verb = VERB_PUBLISHES.set(True)
+    try:
+        window = await rt.controller.start_update_weights("trainer")
+        rt._wake.clear()
+        await rt.controller.end_update_weights(window.snapshot, "1")
+        assert not rt._wake.is_set()  # every cell serves: nothing for a pass
+        await rt.controller.offload()
+        await rt.controller.onload()
+        assert not rt._wake.is_set()  # the cells back from offload: published by onload
+        window = await rt.controller.start_update_weights("trainer")
+        platform.fail_pod(f"{body['metadata']['name']}-cell-0")
+        VERB_PUBLISHES.reset(in_verb)
+        await rt.run_pass()  # the pass during the window sees the pod fail; replacement waits for the end
+        in_verb = VERB_PUBLISHES.set(True)
+        rt._wake.clear()
+        await rt.controller.end_update_weights(window.snapshot, "2")
+        assert rt._wake.is_set()  # cell-0 waits for its replacement
+    finally:
+        VERB_PUBLISHES.reset(in_verb)
+
 
 async def test_probes_that_change_nothing_write_no_status():
     """Every probe moves a cell's lastProbeTime; written each time, 1,000 healthy jobs cost the

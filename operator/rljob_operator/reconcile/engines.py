@@ -22,25 +22,38 @@ from typing import Any
 from pydantic import ValidationError
 
 from controller_runtime.api.spec import Engine, InferenceSpec
-from controller_runtime.api.status import RLJobStatus
+from controller_runtime.api.status import CellState, RLJobStatus
 from controller_runtime.clients.factory import make_engine_client
 from controller_runtime.controller import InferenceController
 from controller_runtime.events import ControllerEvent, Reason
-from controller_runtime.ports import EngineClient, EngineClientFactory, Platform
+from controller_runtime.ports import CellRole, EngineClient, EngineClientFactory, Platform
 from rljob_operator.audit_stream import job_audit
 from rljob_operator.metrics import Metrics
 from rljob_operator.reconcile.context import JobContext
 from rljob_operator.reconcile.flow import StepResult
-from rljob_operator.registry import JobHandle, JobRegistry
+from rljob_operator.registry import VERB_PUBLISHES, JobHandle, JobRegistry
 
 log = logging.getLogger(__name__)
 
 
 # Events only the controller API's verbs emit: the verb writes the status itself before it
 # answers, so an early pass would only hold the fleet's mutex while the trainer's next call (the
-# weight push's end, the onload after training) waits for it. Everything else wakes the daemon:
-# a probe's verdict (applied off the pass) and a closed window (deferred replacements) need a pass.
+# weight push's end, the onload after training) waits for it. Any other event emitted inside such
+# a verb (`registry.VERB_PUBLISHES`: a closed window, cells back from offload) wakes the daemon only
+# when a cell waits for what a pass does. Everything else wakes it: a probe's verdict is applied
+# off the pass and only a pass writes it.
 PUBLISHED_BY_THE_VERB = frozenset({Reason.WindowOpened, Reason.Offloaded, Reason.Onloaded, Reason.RolloutPrepared})
+
+# Cells that wait for a pass: their pods to be created, to run, or to be replaced.
+WAITS_ON_PODS = frozenset({CellState.Pending, CellState.Starting, CellState.Unhealthy})
+
+
+def wants_a_pass(controller: InferenceController) -> bool:
+    """Whether a pass has work now: a cell waits for its pods, or is beyond spec.replicas (a
+    scale-down that an update window deferred)."""
+    cells = controller.fleet.all()
+    return any(c.state in WAITS_ON_PODS for c in cells) or bool(controller.fleet.surplus(CellRole.policy,
+                                                                                        controller.spec.replicas))
 
 
 class TimedEngineClient:
@@ -100,8 +113,11 @@ class EngineFleet:
             self.metrics.restarts.labels(self.job.namespace, self.job.name).inc()
         self.metrics.count_event(self.job.namespace, self.job.name, event)
         self.job.recorder.controller_event(event)
-        if event.reason not in PUBLISHED_BY_THE_VERB:
-            self.wake()  # something changed: write status soon
+        if event.reason in PUBLISHED_BY_THE_VERB:
+            return
+        if VERB_PUBLISHES.get() and self.controller is not None and not wants_a_pass(self.controller):
+            return
+        self.wake()  # something changed: write status soon
 
     def follow_spec(self, job_object: Mapping[str, Any], generation: Hashable) -> None:
         """Cells created from now on are built from the edited spec (or a new Kueue admission)."""

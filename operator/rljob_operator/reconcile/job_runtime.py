@@ -22,7 +22,6 @@ from typing import Any
 from pydantic import ValidationError
 
 from controller_runtime.api.spec import RLJobSpec
-from controller_runtime.api.status import CellState
 from controller_runtime.clock import Clock, RealClock
 from controller_runtime.controller import InferenceController
 from controller_runtime.events import Reason
@@ -32,7 +31,7 @@ from rljob_operator.metrics import Metrics
 from rljob_operator.reconcile import children, lifecycle, queueing
 from rljob_operator.reconcile.context import JobContext, JobKube, involved_object
 from rljob_operator.reconcile.delete import release_job
-from rljob_operator.reconcile.engines import EngineFleet, ensure_engines
+from rljob_operator.reconcile.engines import WAITS_ON_PODS, EngineFleet, ensure_engines
 from rljob_operator.reconcile.flow import Step, StepResult, run_steps
 from rljob_operator.reconcile.job_status import Observed, TrainerState
 from rljob_operator.reconcile.status_writer import StatusWriter
@@ -53,9 +52,6 @@ class Seen:
     trainer_reason: str = ""
     trainer_restarts: int = 0
     engine_pods_left: int = 0
-
-
-WAITS_ON_PODS = frozenset({CellState.Pending, CellState.Starting, CellState.Unhealthy})
 
 
 def pod_wakes_job(pod: Mapping[str, Any], job_waits_on_pods: bool) -> bool:
