@@ -151,8 +151,10 @@ def test_failing_health_probes_make_a_cell_unhealthy_and_it_is_recreated(kube, o
 def test_crash_loop_stops_at_the_restart_budget(kube, operator):
     kube.apply(make_rljob("crash", replicas=2, crash_cells="1", max_restarts=1, backoff=0.2))
     operator()
-    wait_for(lambda: condition(kube.status("crash"), "EnginesHealthy").get("reason") == "RestartBudgetExhausted",
-             120, what="EnginesHealthy=False/RestartBudgetExhausted")
+    # Cell 1 can spend its budget before cell 0's first probe made it Serving: wait for both.
+    wait_for(lambda: condition(kube.status("crash"), "EnginesHealthy").get("reason") == "RestartBudgetExhausted"
+             and engine_states(kube.status("crash")).get("crash-cell-0") == "Serving",
+             120, what="EnginesHealthy=False/RestartBudgetExhausted, cell 0 serving")  # fmt: skip
     status = kube.status("crash")
     assert condition(status, "EnginesHealthy")["status"] == "False"
     assert engine_states(status) == {"crash-cell-0": "Serving", "crash-cell-1": "Failed"}
