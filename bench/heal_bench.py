@@ -55,6 +55,7 @@ from bench.benchcluster import bench_namespace, open_cluster  # noqa: E402
 from bench.heal_common import follow, percentile, spread  # noqa: E402
 from bench.heal_kuberay import run_kuberay  # noqa: E402
 from tests.cluster.fixtures import Cluster  # noqa: E402
+from tests.cluster.waiting import WaitTimeout  # noqa: E402
 from tests.integration.operator_harness import (  # noqa: E402
     PID_ANNOTATION,
     STANDIN_DIR,
@@ -260,7 +261,8 @@ def run_setting(cluster: Cluster, namespace: str, log_dir: Path, setting: Settin
         per_round = min(cells, trials, per_round)
         for fault in faults:
             done: list[Trial] = []
-            while len(done) < trials:
+            stuck: list[dict[str, Any]] = []  # faulted cells that never came back: reported, not waited for forever
+            while len(done) < trials and not stuck:
                 k = min(per_round, trials - len(done))
                 snap = rec.latest()
                 first = (len(done) // k * k) % cells  # rotate through the cells round by round
@@ -278,11 +280,17 @@ def run_setting(cluster: Cluster, namespace: str, log_dir: Path, setting: Settin
                         stopped.append(pids[cell])
                     batch.append(Trial(cell, snap[cell][0], fault, at, pids[cell], at_wall))
                 budget = setting.limit(fault) + setting.interval + 120
-                wait_for(lambda b=batch: all(rec.resolve(tr) for tr in b), budget, interval=0.5,
-                         what=f"{fault} round of {name}: every faulted cell PendingWeights again")  # fmt: skip
-                done += batch
+                try:
+                    wait_for(lambda b=batch: all(rec.resolve(tr) for tr in b), budget, interval=0.5,
+                             what=f"{fault} round of {name}: every faulted cell PendingWeights again")  # fmt: skip
+                except WaitTimeout:
+                    stuck = [{"cell": tr.cell, "generation": tr.generation, "last": rec.latest().get(tr.cell),
+                              **tr.seconds()} for tr in batch if not rec.resolve(tr)]  # fmt: skip
+                    print(f"heal_bench: {name} {fault}: not back after {budget:.0f} s: {stuck}", file=sys.stderr)
+                done += [tr for tr in batch if tr.pending_weights is not None]
             read_decisions(op.log_path, done)
             results[fault] = summarize(done, setting.limit(fault), engine_start)
+            results[fault]["stuck"] = stuck
     finally:
         rec.stop()
         for pid in stopped:  # a stopped engine the agent has not reaped yet
@@ -321,6 +329,8 @@ def bench(cluster: Cluster, namespace: str, settings: list[Setting], trials: lis
     starts = engine_start_seconds(engine_starts)
     out: dict[str, Any] = {"cells": cells, "faults": faults, "per_round": per_round, "settings": {},
                            "engine_start_s": starts}  # fmt: skip
+    if log_dir:  # the operator's log is opened there, so it has to exist (it was not made before)
+        Path(log_dir).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="heal-bench-") as d:
         for setting, n in zip(settings, trials, strict=True):
             started = time.monotonic()
@@ -342,6 +352,10 @@ def summary_line(result: dict[str, Any]) -> str:
         for fault in result["faults"]:
             r = res[fault]
             pw = r["pending_weights"]
+            if not pw or r.get("stuck"):
+                parts.append(f"{name} {fault}: {len(r.get('stuck') or [])} cell(s) STUCK after {r['trials']} trials")
+                if not pw:
+                    continue
             parts.append(f"{name} {fault} p50 {pw['p50_s']:.1f} s p99 {pw['p99_s']:.1f} s (limit {r['limit_s']:g} s, "
                          f"{'met' if r['target_met'] else 'MISSED'}; less the engine's start-up "
                          f"{'met' if r['target_met_less_engine_start'] else 'MISSED'})")  # fmt: skip
