@@ -291,6 +291,8 @@ def run_setting(cluster: Cluster, namespace: str, log_dir: Path, setting: Settin
             read_decisions(op.log_path, done)
             results[fault] = summarize(done, setting.limit(fault), engine_start)
             results[fault]["stuck"] = stuck
+            if stuck:  # a cell that never came back is past every limit
+                results[fault]["target_met"] = results[fault]["target_met_less_engine_start"] = False
     finally:
         rec.stop()
         for pid in stopped:  # a stopped engine the agent has not reaped yet

@@ -164,9 +164,12 @@ class RayRecorder:
     def _watch_events(self) -> None:
         from kubernetes import client
 
+        seen: set[str] = set()  # a re-opened watch lists every Event again as ADDED: only the first sight counts
+
         def on_event(t: float, ev: dict[str, Any]) -> None:
             e = ev["object"]
-            if ev["type"] == "ADDED" and e.involved_object.name == self.name:
+            if ev["type"] == "ADDED" and e.involved_object.name == self.name and e.metadata.uid not in seen:
+                seen.add(e.metadata.uid)
                 with self._lock:
                     self.events.append((t, str(e.reason), str(e.message)))
 
