@@ -168,6 +168,12 @@ class Recorder:
         follow(self._stop, core.list_namespaced_pod, self.namespace, on_event=on_event,
                      label_selector=f"rljob.io/job={self.job},rljob.io/role=engine")  # fmt: skip
 
+    def sees_pods_of(self, snap: dict[str, tuple[int, str]]) -> bool:
+        """The pod watch has listed the current pod of every cell in `snap` (it is live)."""
+        with self._lock:
+            names = {name for _, name in self.pods}
+        return bool(snap) and all(f"{cell}-g{gen}-0" in names for cell, (gen, _) in snap.items())
+
     def latest(self) -> dict[str, tuple[int, str]]:
         with self._lock:
             return dict(self.cells[-1][1]) if self.cells else {}
@@ -258,6 +264,9 @@ def run_setting(cluster: Cluster, namespace: str, log_dir: Path, setting: Settin
     try:
         kube.apply(heal_job(name, setting, cells))
         wait_for(lambda: kube.status(name).get("ready") == f"{cells}/{cells}", 180, what=f"{name}: all cells serving")
+        # The pod watch starts on its own thread and, on a loaded machine, has been seen to list its
+        # first pods only after a first fault: a replacement created before it lists would be missed.
+        wait_for(lambda: rec.sees_pods_of(rec.latest()), 60, interval=0.2, what=f"{name}: the pod watch sees every cell")
         per_round = min(cells, trials, per_round)
         for fault in faults:
             done: list[Trial] = []
