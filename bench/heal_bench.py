@@ -1,7 +1,8 @@
 """Failure to replacement on the test cluster: how fast the operator heals against its own health settings.
 
     .venv/bin/python bench/heal_bench.py [--settings 1x3 5x3 30x3] [--trials 20 20 5] [--faults kill hang]
-                                         [--cells 8] [--json-out FILE] [--smoke]
+                                         [--cells 8] [--kuberay-trials 20] [--kuberay-workers 4]
+                                         [--kuberay-hang 30] [--json-out FILE] [--smoke]
 
 The real operator (`rljob-operator`, its default resync) against the test cluster's real
 kube-apiserver; engines are the stand-in processes run by the cluster's agent
@@ -19,6 +20,9 @@ backoffSeconds = 0 (the backoff is a separate delay the user chooses; it adds to
 
 Several cells of one job take faults per round, staggered over one probe interval so that each
 meets a different probe phase; a round ends when every faulted cell is PendingWeights again.
+For contrast, the same run then does the same SIGKILL (and SIGSTOP) to a worker of a RayCluster
+reconciled by the real KubeRay operator in the same namespace (bench/heal_kuberay.py: what is
+measured there and why it is comparable); `--kuberay-trials 0` leaves it out, and so does --smoke.
 The environment variable RLJOB_TESTCLUSTER_* (as tests use them) picks the cluster; it is
 brought up with tests/cluster/up when it is not running. Prints one JSON object, then a
 one-line summary.
@@ -29,7 +33,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
 import signal
 import statistics
@@ -49,7 +52,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the cluster and operator harnesses live with the tests
 
 from bench.benchcluster import bench_namespace, open_cluster  # noqa: E402
+from bench.heal_common import follow, percentile, spread  # noqa: E402
+from bench.heal_kuberay import run_kuberay  # noqa: E402
 from tests.cluster.fixtures import Cluster  # noqa: E402
+from tests.cluster.waiting import WaitTimeout  # noqa: E402
 from tests.integration.operator_harness import (  # noqa: E402
     PID_ANNOTATION,
     STANDIN_DIR,
@@ -133,20 +139,6 @@ class Recorder:
     def stop(self) -> None:
         self._stop.set()
 
-    def _stream(self, list_fn: Any, *args: Any, on_event: Any, **kw: Any) -> None:
-        from kubernetes import watch
-
-        while not self._stop.is_set():
-            w = watch.Watch()
-            try:
-                for ev in w.stream(list_fn, *args, timeout_seconds=30, _request_timeout=40, **kw):
-                    on_event(time.monotonic(), ev)
-                    if self._stop.is_set():
-                        w.stop()
-                        break
-            except Exception:  # a dropped watch is re-opened; events are level data here
-                time.sleep(0.2)
-
     def _watch_job(self) -> None:
         from kubernetes import client
 
@@ -161,7 +153,7 @@ class Recorder:
             with self._lock:
                 self.cells.append((t, snap))
 
-        self._stream(api.list_namespaced_custom_object, GROUP, VERSION, self.namespace, PLURAL, on_event=on_event)
+        follow(self._stop, api.list_namespaced_custom_object, GROUP, VERSION, self.namespace, PLURAL, on_event=on_event)
 
     def _watch_pods(self) -> None:
         from kubernetes import client
@@ -173,8 +165,14 @@ class Recorder:
                 with self._lock:
                     self.pods.append((t, ev["object"].metadata.name))
 
-        self._stream(core.list_namespaced_pod, self.namespace, on_event=on_event,
+        follow(self._stop, core.list_namespaced_pod, self.namespace, on_event=on_event,
                      label_selector=f"rljob.io/job={self.job},rljob.io/role=engine")  # fmt: skip
+
+    def sees_pods_of(self, snap: dict[str, tuple[int, str]]) -> bool:
+        """The pod watch has listed the current pod of every cell in `snap` (it is live)."""
+        with self._lock:
+            names = {name for _, name in self.pods}
+        return bool(snap) and all(f"{cell}-g{gen}-0" in names for cell, (gen, _) in snap.items())
 
     def latest(self) -> dict[str, tuple[int, str]]:
         with self._lock:
@@ -201,23 +199,14 @@ class Recorder:
         return trial.pending_weights is not None
 
 
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile: with few trials p99 is the worst one, as it should be read."""
-    s = sorted(values)
-    return s[max(0, math.ceil(q / 100 * len(s)) - 1)]
-
-
 def summarize(trials: list[Trial], limit: float, engine_start: float = 0.0) -> dict[str, Any]:
     out: dict[str, Any] = {"trials": len(trials), "limit_s": limit}
     for part in ("unhealthy_decided", "unhealthy", "pod_created", "pending_weights"):
         values = [v for v in (tr.seconds()[part] for tr in trials) if v is not None]
-        if not values:
-            out[part] = None
-            continue
-        out[part] = {"p50_s": round(statistics.median(values), 3), "p99_s": round(percentile(values, 99), 3),
-                     "min_s": round(min(values), 3), "max_s": round(max(values), 3),
-                     "p50_ratio_to_limit": round(statistics.median(values) / limit, 3),
-                     "p99_ratio_to_limit": round(percentile(values, 99) / limit, 3)}  # fmt: skip
+        out[part] = spread(values)
+        if out[part] is not None:
+            out[part].update(p50_ratio_to_limit=round(statistics.median(values) / limit, 3),
+                             p99_ratio_to_limit=round(percentile(values, 99) / limit, 3))  # fmt: skip
     pw = out.get("pending_weights")
     out["target_s"] = limit + TARGET_SLACK_S
     out["target_met"] = bool(pw and pw["p99_s"] <= limit + TARGET_SLACK_S)
@@ -275,10 +264,14 @@ def run_setting(cluster: Cluster, namespace: str, log_dir: Path, setting: Settin
     try:
         kube.apply(heal_job(name, setting, cells))
         wait_for(lambda: kube.status(name).get("ready") == f"{cells}/{cells}", 180, what=f"{name}: all cells serving")
+        # The pod watch starts on its own thread and, on a loaded machine, has been seen to list its
+        # first pods only after a first fault: a replacement created before it lists would be missed.
+        wait_for(lambda: rec.sees_pods_of(rec.latest()), 60, interval=0.2, what=f"{name}: the pod watch sees every cell")
         per_round = min(cells, trials, per_round)
         for fault in faults:
             done: list[Trial] = []
-            while len(done) < trials:
+            stuck: list[dict[str, Any]] = []  # faulted cells that never came back: reported, not waited for forever
+            while len(done) < trials and not stuck:
                 k = min(per_round, trials - len(done))
                 snap = rec.latest()
                 first = (len(done) // k * k) % cells  # rotate through the cells round by round
@@ -296,11 +289,19 @@ def run_setting(cluster: Cluster, namespace: str, log_dir: Path, setting: Settin
                         stopped.append(pids[cell])
                     batch.append(Trial(cell, snap[cell][0], fault, at, pids[cell], at_wall))
                 budget = setting.limit(fault) + setting.interval + 120
-                wait_for(lambda b=batch: all(rec.resolve(tr) for tr in b), budget, interval=0.5,
-                         what=f"{fault} round of {name}: every faulted cell PendingWeights again")  # fmt: skip
-                done += batch
+                try:
+                    wait_for(lambda b=batch: all(rec.resolve(tr) for tr in b), budget, interval=0.5,
+                             what=f"{fault} round of {name}: every faulted cell PendingWeights again")  # fmt: skip
+                except WaitTimeout:
+                    stuck = [{"cell": tr.cell, "generation": tr.generation, "last": rec.latest().get(tr.cell),
+                              **tr.seconds()} for tr in batch if not rec.resolve(tr)]  # fmt: skip
+                    print(f"heal_bench: {name} {fault}: not back after {budget:.0f} s: {stuck}", file=sys.stderr)
+                done += [tr for tr in batch if tr.pending_weights is not None]
             read_decisions(op.log_path, done)
             results[fault] = summarize(done, setting.limit(fault), engine_start)
+            results[fault]["stuck"] = stuck
+            if stuck:  # a cell that never came back is past every limit
+                results[fault]["target_met"] = results[fault]["target_met_less_engine_start"] = False
     finally:
         rec.stop()
         for pid in stopped:  # a stopped engine the agent has not reaped yet
@@ -332,11 +333,15 @@ def engine_start_seconds(runs: int = 3) -> list[float]:
 
 
 def bench(cluster: Cluster, namespace: str, settings: list[Setting], trials: list[int], faults: list[str],
-          cells: int, log_dir: str | None = None, per_round: int = 4, engine_starts: int = 3) -> dict[str, Any]:  # fmt: skip
+          cells: int, log_dir: str | None = None, per_round: int = 4, engine_starts: int = 3,
+          kuberay_trials: int = 0, kuberay_workers: int = 4, kuberay_hang_s: float = 0.0) -> dict[str, Any]:  # fmt: skip
+    """The RLJob side for every setting, then (kuberay_trials > 0) the KubeRay side in the same namespace."""
     install_crd(cluster)
     starts = engine_start_seconds(engine_starts)
     out: dict[str, Any] = {"cells": cells, "faults": faults, "per_round": per_round, "settings": {},
                            "engine_start_s": starts}  # fmt: skip
+    if log_dir:  # the operator's log is opened there, so it has to exist (it was not made before)
+        Path(log_dir).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="heal-bench-") as d:
         for setting, n in zip(settings, trials, strict=True):
             started = time.monotonic()
@@ -345,6 +350,10 @@ def bench(cluster: Cluster, namespace: str, settings: list[Setting], trials: lis
             res["wall_s"] = round(time.monotonic() - started, 1)
             out["settings"][setting.name] = res
             print(f"heal_bench: {setting.name} done: {json.dumps(res)}", file=sys.stderr, flush=True)
+        if kuberay_trials > 0:
+            out["kuberay"] = run_kuberay(cluster, namespace, Path(log_dir or d), kuberay_trials, kuberay_workers,
+                                         kuberay_hang_s)  # fmt: skip
+            print(f"heal_bench: KubeRay done: {json.dumps(out['kuberay'])}", file=sys.stderr, flush=True)
     return out
 
 
@@ -354,10 +363,24 @@ def summary_line(result: dict[str, Any]) -> str:
         for fault in result["faults"]:
             r = res[fault]
             pw = r["pending_weights"]
+            if not pw or r.get("stuck"):
+                parts.append(f"{name} {fault}: {len(r.get('stuck') or [])} cell(s) STUCK after {r['trials']} trials")
+                if not pw:
+                    continue
             parts.append(f"{name} {fault} p50 {pw['p50_s']:.1f} s p99 {pw['p99_s']:.1f} s (limit {r['limit_s']:g} s, "
                          f"{'met' if r['target_met'] else 'MISSED'}; less the engine's start-up "
                          f"{'met' if r['target_met_less_engine_start'] else 'MISSED'})")  # fmt: skip
-    return "heal_bench: death -> PendingWeights: " + "; ".join(parts)
+    line = "heal_bench: death -> PendingWeights: " + "; ".join(parts)
+    kr = result.get("kuberay")
+    if kr and "kill" in kr:
+        k, hang = kr["kill"], kr.get("hang")
+        line += (f" | KubeRay worker SIGKILL -> replacement serving p50 {k['serving']['p50_s']:.1f} s "
+                 f"p99 {k['serving']['p99_s']:.1f} s ({k['trials']} trials)")  # fmt: skip
+        if hang:
+            line += f", SIGSTOP: reaction {hang['reaction']} in {hang['window_s']:g} s"
+    elif kr:
+        line += f" | KubeRay: {kr.get('not_run')}"
+    return line
 
 
 def main() -> int:
@@ -368,19 +391,25 @@ def main() -> int:
     p.add_argument("--cells", type=int, default=8, help="cells of the job")
     p.add_argument("--per-round", type=int, default=4, help="cells faulted per round, staggered over one interval")
     p.add_argument("--engine-starts", type=int, default=3, help="lone stand-in start-ups timed for engine_start_s")
-    p.add_argument("--smoke", action="store_true", help="one kill and one hang at 1x2 on 2 cells (what CI runs)")
+    p.add_argument("--kuberay-trials", type=int, default=20, help="KubeRay side: worker kills (0: no KubeRay side)")
+    p.add_argument("--kuberay-workers", type=int, default=4, help="KubeRay side: workers of the RayCluster")
+    p.add_argument("--kuberay-hang", type=float, default=30.0, help="KubeRay side: seconds a SIGSTOPped worker is watched")
+    p.add_argument("--smoke", action="store_true", help="one kill and one hang at 1x2 on 2 cells, no KubeRay side "
+                   "(what CI runs: KubeRay's start and CRD checks alone cost ~20 s here)")  # fmt: skip
     p.add_argument("--json-out")
     p.add_argument("--log-dir", help="keep the operator's logs here")
     args = p.parse_args()
     if args.smoke:
         args.settings, args.trials, args.cells, args.engine_starts = ["1x2"], [1], 2, 1
+        args.kuberay_trials = 0
     if len(args.trials) == 1:
         args.trials = args.trials * len(args.settings)
     started = time.time()
     cluster = open_cluster()
     with bench_namespace(cluster, "heal-bench") as ns:
         result = bench(cluster, ns, [Setting.parse(s) for s in args.settings], args.trials, args.faults, args.cells, args.log_dir,
-                       args.per_round, args.engine_starts)  # fmt: skip
+                       args.per_round, args.engine_starts, args.kuberay_trials, args.kuberay_workers,
+                       args.kuberay_hang)  # fmt: skip
     result["wall_s"] = round(time.time() - started, 1)
     text = json.dumps(result, indent=1)
     print(text)
