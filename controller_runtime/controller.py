@@ -445,7 +445,14 @@ class InferenceController:
     async def _probe_and_apply(self, cell: Cell, client: EngineClient, answered: asyncio.Future[None]) -> None:
         """Probe, apply; while the cell fails (or is still starting), probe it again when due,
         on its own: counting failures to the threshold must not wait for passes, which a busy
-        API server makes slow."""
+        API server makes slow.
+
+        The loop is bound to the generation and endpoint it started with: a cell is recreated
+        (or its endpoint moves) in place, and a loop that went on with its old client probed the
+        old engine's address for the new generation. It kept a new cell Starting, with no probe
+        of its own, until the old address answered again (another pod given that IP, in a
+        cluster) or the startup deadline passed."""
+        generation, endpoint = cell.generation, cell.endpoint
         try:
             while True:
                 outcome = await self.health.probe(cell, client)
@@ -453,6 +460,8 @@ class InferenceController:
                     current = self.fleet.get(outcome.cell)
                     if current is None or current.state not in (S.Starting, S.PendingWeights, S.Serving):
                         return
+                    if (current.generation, current.endpoint) != (generation, endpoint):
+                        return  # the cell was recreated or moved: the next pass probes the new engine
                     verdict = self._apply_probe(current, outcome)
                     await self.fleet.sync_serving(current)
                     if not answered.done():

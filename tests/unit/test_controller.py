@@ -980,3 +980,28 @@ async def test_probe_in_flight_across_offload_and_resume_is_discarded() -> None:
     for _ in range(100):  # the in-flight probe answers and is applied (or discarded)
         await asyncio.sleep(0)
     assert h.cell(0).state == S.Serving and h.cell(0).consecutive_failures == 1
+
+
+async def test_a_recreated_cell_is_probed_at_its_new_endpoint_not_by_the_old_generations_probe_loop() -> None:
+    """A failing cell's probe loop outlived its generation: it probed the old engine's address
+    for the recreated cell, which stayed Starting with no probe of its own (heal_bench saw
+    replacements Starting for 140 s while their engines served)."""
+    h = harness(2)
+    await bring_up(h)
+    old = h.engine(1)
+    old.healthy = False  # gen 0 fails one probe (threshold 2): its probe loop goes on, on its own
+    await h.clock.advance(10)
+    await h.ctrl.probe_health()
+    assert h.cell(1).consecutive_failures == 1 and "demo-cell-1" in h.ctrl._probing
+    h.platform.fail_pod("demo-cell-1")  # meanwhile its pod fails: Unhealthy, recreated
+    await h.ctrl.reconcile()
+    await h.clock.advance(6)  # the restart backoff (5 s)
+    for _ in range(6):
+        await h.ctrl.reconcile()
+        await asyncio.sleep(0)
+    assert h.cell(1).generation == 1 and h.cell(1).state is S.Starting, h.cell(1)
+    assert h.engine(1) is not old and h.engine(1).healthy
+    for _ in range(20):  # the new engine answers: the cell must leave Starting
+        await h.clock.advance(1)
+        await settle(h.ctrl, passes=1)
+    assert h.cell(1).state is S.PendingWeights, (h.cell(1), old.health_started, h.engine(1).health_started)
