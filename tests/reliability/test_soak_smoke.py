@@ -35,6 +35,10 @@ def test_growth_is_fitted_per_segment_after_the_warm_up() -> None:
     g = soak.growth(rows, warmup=1)
     assert [s["rss_mib_pct_per_hour"] for s in g["segments"]] == [10.0, 0.0]
     assert g["rss_mib_max_pct_per_hour"] == 10.0 and g["fds_max_pct_per_hour"] == 0.0
+    # Pooled: one slope for both segments (each its own intercept), weighted by their spread in
+    # time: 10 %/h of 100 over 18000 s^2 and 0 over 7200 s^2 -> 7.14 MiB/h of a mean start of 90.
+    assert g["pooled"]["rss_mib"]["pct_per_hour"] == pytest.approx(7.94, abs=0.01)
+    assert g["pooled"]["fds"]["pct_per_hour"] == 0.0 and g["pooled"]["rss_mib"]["samples"] == 7
     assert g["met"] is False
     assert (
         soak.growth([soak.Sample(0, 1, 1.0, 1, 1.0)], warmup=0)["segments"][0]["rss_mib_pct_per_hour"] is None
