@@ -47,12 +47,11 @@ from rljob_operator.settings import OperatorSettings, load_settings
 log = logging.getLogger("rljob_operator")
 
 EXIT_LOST_LEADERSHIP = 1
-# Threads (and connections) of the reconcile traffic's pool. Every job's passes share it: with
-# 8, at 100 jobs each call waited behind hundreds of others (a cell's serving label patch ~20 s
-# in the queue) while the API server had requests to spare. With 32, on this 2-core machine the
-# threads' turns at the GIL starved the Lease renewal past its deadline during a 100-job ramp.
-API_THREADS = 16
-EVENT_THREADS = 2  # Events are for people: on a pool of their own, never ahead of a pass's calls
+# Threads (and connections) of the reconcile traffic's pool, shared by every job's passes. More
+# threads drained the queue faster but, on this 2-core machine, starved the Lease renewal past its
+# deadline during a 100-job ramp (16 and 32 both lost the Lease; issue 13): 8 it stays.
+API_THREADS = 8
+EVENT_THREADS = 1  # Events are for people: on a pool of their own, never ahead of a pass's calls
 
 
 def controller_url(s: OperatorSettings) -> str:
