@@ -17,13 +17,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 import kopf
 
 from controller_runtime.ports import Platform
 from rljob_operator import labels as L
+from rljob_operator.event_recorder import EventSink
 from rljob_operator.kinds import GROUP, PLURAL, VERSION
 from rljob_operator.kubeapi import KubeApi
 from rljob_operator.metrics import Metrics
+from rljob_operator.pod_cache import EnginePodCache
 from rljob_operator.reconcile.job_runtime import JobRuntime
 from rljob_operator.registry import JobRegistry
 from rljob_operator.settings import OperatorSettings
@@ -45,7 +48,10 @@ class OperatorContext:
     is_leader: Callable[[], bool]
     make_platform: Callable[[dict[str, Any]], Platform]
     controller_url: str
+    pods: EnginePodCache = field(default_factory=EnginePodCache)  # what the engine-pod watch saw, for every job
     runtimes: dict[tuple[str, str], JobRuntime] = field(default_factory=dict)
+    engine_http: aiohttp.ClientSession | None = None  # every job's engine probes and calls (main)
+    events: EventSink | None = None  # where Events go (main: a pool apart from `kube`); None: `kube`
 
 
 def kopf_settings(s: OperatorSettings) -> kopf.OperatorSettings:
@@ -99,6 +105,8 @@ async def run_rljob(body: kopf.Body, stopped: kopf.DaemonStopped, memo: Any, **_
         controller_url=ctx.controller_url,
         resync_seconds=ctx.settings.resync_seconds,
         acting=ctx.is_leader,
+        session=ctx.engine_http,
+        events=ctx.events,
     )
     ctx.runtimes[key] = rt
     try:
@@ -118,9 +126,13 @@ async def wake_rljob(name: str, namespace: str | None, body: kopf.Body, memo: An
 
 
 @kopf.on.event("", "v1", "pods", labels={L.ROLE: L.ROLE_ENGINE}, id="engine-pods")
-async def wake_for_engine_pod(body: kopf.Body, namespace: str | None, memo: Any, **_: Any) -> None:
-    """An engine pod's change wakes its job's loop when the loop waits for it
-    (`job_runtime.pod_wakes_job`): pods are seen running at once, not at the next poll."""
+async def wake_for_engine_pod(
+    type: str | None, body: kopf.Body, namespace: str | None, memo: Any, **_: Any
+) -> None:
+    """An engine pod's change goes into the shared pod cache (the jobs' passes read their pods
+    from it, `platform.KubernetesPlatform`), then wakes its job's loop when the loop waits for
+    it (`job_runtime.pod_wakes_job`): pods are seen running at once, not at the next poll."""
+    memo.pods.record(type, body)
     meta = body.get("metadata") or {}
     job = (meta.get("annotations") or {}).get(L.JOB_NAME_ANNOTATION) or (meta.get("labels") or {}).get(L.JOB)
     rt = memo.runtimes.get((namespace, job))

@@ -23,6 +23,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
+import aiohttp
 import kopf
 from aiohttp import web
 from kubernetes.client import ApiClient
@@ -39,6 +40,7 @@ from rljob_operator.lease_store import KubeLeaseStore
 from rljob_operator.logging import configure_logging
 from rljob_operator.metrics import Metrics
 from rljob_operator.platform import KubernetesPlatform
+from rljob_operator.pod_cache import EnginePodCache
 from rljob_operator.registry import JobRegistry
 from rljob_operator.relist import Relister
 from rljob_operator.settings import OperatorSettings, load_settings
@@ -46,6 +48,11 @@ from rljob_operator.settings import OperatorSettings, load_settings
 log = logging.getLogger("rljob_operator")
 
 EXIT_LOST_LEADERSHIP = 1
+# Threads (and connections) of the reconcile traffic's pool, shared by every job's passes. More
+# threads drained the queue faster but, on this 2-core machine, starved the Lease renewal past its
+# deadline during a 100-job ramp (16 and 32 both lost the Lease; issue 13): 8 it stays.
+API_THREADS = 8
+EVENT_THREADS = 1  # Events are for people: on a pool of their own, never ahead of a pass's calls
 
 
 def controller_url(s: OperatorSettings) -> str:
@@ -56,11 +63,11 @@ def controller_url(s: OperatorSettings) -> str:
     return f"http://rljob-operator.{ns}.svc:{s.api_port}"
 
 
-def make_platform_factory(kube: KubeApi) -> Callable[[dict[str, Any]], Platform]:
-    """Each job's Platform, all on the process's one `KubeApi`."""
+def make_platform_factory(kube: KubeApi, pods: EnginePodCache) -> Callable[[dict[str, Any]], Platform]:
+    """Each job's Platform, all on the process's one `KubeApi` and its one engine-pod cache."""
 
     def make(body: dict[str, Any]) -> Platform:
-        return KubernetesPlatform(kube, body["metadata"]["namespace"], body)
+        return KubernetesPlatform(kube, body["metadata"]["namespace"], body, pods)
 
     return make
 
@@ -77,11 +84,11 @@ async def start_site(app: web.Application, host: str, port: int) -> tuple[web.Ap
     return runner, bound
 
 
-def named_client(s: OperatorSettings) -> ApiClient:
+def named_client(s: OperatorSettings, connections: int | None = None) -> ApiClient:
     """A Kubernetes client whose requests name this replica (`rljob-operator/<identity>`), so
     every write shows in the API server's audit log with who made it (the reliability suite
     checks from there that only the Lease holder writes)."""
-    api_client = load_api_client(s.kubeconfig)
+    api_client = load_api_client(s.kubeconfig, connections)
     api_client.user_agent = f"{USER_AGENT}/{s.identity}"
     return api_client
 
@@ -89,7 +96,8 @@ def named_client(s: OperatorSettings) -> ApiClient:
 async def run_operator(s: OperatorSettings) -> int:
     if s.kubeconfig:
         os.environ["KUBECONFIG"] = s.kubeconfig  # kopf's own login reads it
-    kube = KubeApi(named_client(s))
+    kube = KubeApi(named_client(s, API_THREADS), threads=API_THREADS)
+    events_kube = KubeApi(named_client(s, EVENT_THREADS), threads=EVENT_THREADS)
     # The Lease gets a client and a thread of its own: on a slow API server, renewals queued
     # behind the reconcile traffic on the shared pool missed the renew deadline and the
     # replica gave up leading (tests/reliability/test_api_faults.py, one second per request).
@@ -156,14 +164,21 @@ async def run_operator(s: OperatorSettings) -> int:
         if not stop.is_set():
             log.info("leading: starting kopf", extra={"identity": s.identity})
             kopf_stop = asyncio.Event()
+            pods = EnginePodCache()
+            # Engines are on private addresses (no ambient proxy); no connection limit: a hung
+            # engine holds its connection for timeoutSeconds and must not queue other jobs' probes.
+            engine_http = aiohttp.ClientSession(trust_env=False, connector=aiohttp.TCPConnector(limit=0))
             ctx = OperatorContext(
                 settings=s,
                 kube=kube,
                 registry=registry,
                 metrics=metrics,
                 is_leader=elector.is_leader,
-                make_platform=make_platform_factory(kube),
+                make_platform=make_platform_factory(kube, pods),
                 controller_url=controller_url(s),
+                pods=pods,
+                engine_http=engine_http,
+                events=events_kube,
             )
             kopf_task = asyncio.create_task(
                 kopf.operator(
@@ -197,6 +212,7 @@ async def run_operator(s: OperatorSettings) -> int:
                 await asyncio.wait_for(kopf_task, timeout=60)
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await asyncio.wait_for(relist_task, timeout=60)
+            await engine_http.close()
     finally:
         elector_stop.set()
         elector_task.cancel()
@@ -207,6 +223,7 @@ async def run_operator(s: OperatorSettings) -> int:
         await api_runner.cleanup()
         await ops_runner.cleanup()
         kube.close()
+        events_kube.close()
         lease_kube.close()
     return exit_code
 

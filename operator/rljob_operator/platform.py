@@ -13,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from controller_runtime.ports import CellObservation, CellRequest, PodObservation
@@ -22,8 +23,13 @@ from rljob_operator.kubeapi import MERGE_PATCH, KubeApi, resource_path
 from rljob_operator.manifests.engine import engine_pods
 from rljob_operator.manifests.job import JobView
 from rljob_operator.names import engine_pod_name
+from rljob_operator.pod_cache import EnginePodCache, pod_version
 
 log = logging.getLogger(__name__)
+
+# With a pod cache, a job's pods are still LISTed this often: the quorum read that bounds
+# whatever the watch missed (a re-listed watch reports no DELETED for pods gone in its gap).
+POD_RELIST_SECONDS = 300.0
 
 
 class StaleRead(RuntimeError):
@@ -101,19 +107,43 @@ def _url_host(ip: str) -> str:
 class KubernetesPlatform:
     """controller_runtime.ports.Platform on Kubernetes: one cell = its engine pods.
 
-    `observe_cells` reads the pods straight from the API server (a quorum list, not a
-    cache), groups them by cell, and keeps the newest generation of each: older
+    `observe_cells` reads the pods, groups them by cell, and keeps the newest generation of each: older
     generations are leftovers of a recreation and are deleted here (their names are
     kept in `last_leftovers` for the caller to report). A cell whose newest generation
     is entirely terminating is reported as absent (it is going away), a partly
     terminating one with those pods Failed, and a pod missing from a cell as Unknown,
     so a cell is never mistaken for healthy with fewer pods than its shape.
+
+    The pods come from the operator's pod watch (`pods`, shared by every job) when it can be
+    trusted, else from a quorum LIST. Trusted means what KubeRay's scale expectations mean: the
+    watch's view holds every pod this platform knows to exist (seen by its last observation or
+    created since), each at least as new as seen, and nothing older than the last LIST.
+    A pod the watch lacks (gone, or created and not delivered yet) is asked of the API server,
+    so the watch can make a pod look alive for a watch's latency longer, never make a live
+    cell look gone: a serving cell is never recreated from an older view (`StaleRead` guards
+    the LISTs). A steady job reads its pods from memory: no LIST per pass (issue 13).
     """
 
-    def __init__(self, kube: KubeApi, namespace: str, job: Mapping[str, Any] | JobView) -> None:
+    def __init__(
+        self,
+        kube: KubeApi,
+        namespace: str,
+        job: Mapping[str, Any] | JobView,
+        pods: EnginePodCache | None = None,
+        *,
+        relist_seconds: float = POD_RELIST_SECONDS,
+        now: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.kube = kube
         self.namespace = namespace
         self._job = dataclasses.replace(JobView.of(job), namespace=namespace)
+        self.pods = pods
+        self.relist_seconds = relist_seconds
+        self._now = now
+        self._expected: dict[str, int] | None = None  # pod -> the version last seen (0: created, not seen)
+        self._deleted: set[str] = set()  # pods this platform deleted that the watch may still show
+        self._job_list_version = 0  # the last LIST of all the job's pods
+        self._listed_at = float("-inf")
         self.last_leftovers: tuple[str, ...] = ()
         # Each cell's live pods as the last observe_cells saw them, so that set_serving patches them
         # without a list of its own (an offload relabels every cell at once: one list per cell made
@@ -153,12 +183,52 @@ class KubernetesPlatform:
             self._list_version = version
         return list((result or {}).get("items") or [])
 
+    def _from_watch(self) -> list[dict[str, Any]] | None:
+        """The job's pods as the watch holds them, when that view may be acted on; else None."""
+        if self.pods is None or self._expected is None or self._now() - self._listed_at >= self.relist_seconds:
+            return None
+        held = {p["metadata"]["name"]: p for p in self.pods.pods(self.namespace, L.label_value(self._job.name))}
+        for name, version in self._expected.items():
+            pod = held.get(name)
+            if pod is None or pod_version(pod) < version:
+                return None
+        self._deleted &= held.keys()
+        return [
+            p for name, p in held.items()
+            if name not in self._deleted and (name in self._expected or pod_version(p) > self._job_list_version)
+        ]  # fmt: skip
+
+    async def _job_pods(self) -> list[dict[str, Any]]:
+        """All the job's engine pods: from the watch when it may be trusted, else a quorum LIST."""
+        watched = self._from_watch()
+        if watched is not None:
+            return watched
+        pods = await self._list_pods(L.engine_selector(self._job.name))
+        self._listed_at = self._now()
+        self._job_list_version = self._list_version
+        self._deleted &= {p["metadata"]["name"] for p in pods}
+        if self.pods is not None:
+            self.pods.replace(self.namespace, L.label_value(self._job.name), pods, self._list_version)
+        return pods
+
+    def _gone(self, names: list[str]) -> None:
+        """Pods this platform deleted: expected no more, hidden from the watch's view until it drops them."""
+        for n in names:
+            if self._expected is not None:
+                self._expected.pop(n, None)
+            self._deleted.add(n)
+
     async def create_cell(self, request: CellRequest) -> None:
         async def create(pod: dict[str, Any]) -> None:
             await self.kube.call("POST", self._pods_path(), body=pod, ok=(409,))
 
         self._live_pods.pop(request.name, None)  # new pods: set_serving lists them until observed
-        await asyncio.gather(*(create(p) for p in engine_pods(self._job, request)))
+        pods = engine_pods(self._job, request)
+        if self._expected is not None:
+            for p in pods:
+                self._expected.setdefault(p["metadata"]["name"], 0)
+                self._deleted.discard(p["metadata"]["name"])
+        await asyncio.gather(*(create(p) for p in pods))
 
     async def _delete_pod(self, name: str) -> None:
         await self.kube.call("DELETE", self._pods_path(name), ok=(404,))
@@ -167,10 +237,12 @@ class KubernetesPlatform:
         self._live_pods.pop(name, None)
         pods = await self._list_pods(L.cell_selector(self._job.name, name))
         names = [p["metadata"]["name"] for p in pods if not p["metadata"].get("deletionTimestamp")]
+        self._gone(names)
         await asyncio.gather(*(self._delete_pod(n) for n in names))
 
     async def observe_cells(self) -> list[CellObservation]:
-        pods = await self._list_pods(L.engine_selector(self._job.name))
+        pods = await self._job_pods()
+        self._expected = {p["metadata"]["name"]: pod_version(p) for p in pods if p["metadata"]["name"] not in self._deleted}
         by_cell: dict[str, list[dict[str, Any]]] = {}
         for pod in pods:
             cell = _cell_of(pod)
@@ -197,6 +269,7 @@ class KubernetesPlatform:
         self.last_leftovers = tuple(sorted(leftovers))
         if leftovers:
             log.info("deleting pods of superseded cell generations: %s", ", ".join(self.last_leftovers))
+            self._gone(leftovers)
             await asyncio.gather(*(self._delete_pod(n) for n in leftovers))
         return sorted(cells, key=lambda c: (c.index, c.name))
 

@@ -476,3 +476,28 @@ async def test_an_engine_pod_event_wakes_the_loop_only_when_a_cell_waits_for_pod
     await rt.run_pass()  # a new cell, Pending: its pods are news
     rt.poke_for_pod(running)
     assert rt._wake.is_set()
+
+
+class EventPool:
+    """A sink of its own for Events (the operator gives them a pool apart from the passes' calls)."""
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+
+    async def create_event(self, involved, type_, reason, message, now, action="Reconcile") -> None:
+        self.events.append(reason)
+
+
+async def test_events_go_to_their_own_sink_never_through_the_passes_api_pool():
+    clock, platform, body = FakeClock(), FakePlatform(), rljob()
+    kube = FakeKube(body)
+    kube.platform = platform
+    pool = EventPool()
+    rt = JobRuntime(body=body, kube=kube, platform=platform, registry=JobRegistry(), metrics=Metrics(),
+                    controller_url="http://op:8080", resync_seconds=5, clock=clock, engines=FakeEngines(),
+                    events=pool)  # fmt: skip
+    rt.recorder.start()
+    await settle(rt)
+    assert {"CellServing", "AllEnginesServing"} <= set(pool.events)
+    assert kube.events == []
+    await rt.recorder.close()

@@ -15,6 +15,7 @@ import yaml
 from rljob_operator import labels as L
 from rljob_operator.kubeapi import KubeApi, KubeApiError, api_error, resource_path
 from rljob_operator.platform import KubernetesPlatform, pod_observation
+from rljob_operator.pod_cache import EnginePodCache
 
 from controller_runtime.ports import CellRequest
 
@@ -27,6 +28,11 @@ class PodStore(KubeApi):
     def __init__(self) -> None:
         self.pods: dict[str, dict[str, Any]] = {}
         self.calls: list[tuple[str, str]] = []
+        self.revision = 0  # etcd's: every write moves it, a LIST answers at the current one
+
+    def _stamp(self, pod: dict[str, Any]) -> None:
+        self.revision += 1
+        pod["metadata"]["resourceVersion"] = str(self.revision)
 
     async def call(self, method, path, query=(), body=None, content_type=None, *, ok=()):
         self.calls.append((method, path))
@@ -46,21 +52,24 @@ class PodStore(KubeApi):
                 for p in self.pods.values()
                 if all(p["metadata"]["labels"].get(k) == v for k, v in sel.items())
             ]
-            return {"items": copy.deepcopy(items)}
+            return {"metadata": {"resourceVersion": str(self.revision)}, "items": copy.deepcopy(items)}
         if method == "POST":
             if body["metadata"]["name"] in self.pods:
                 raise api_error("POST", 409, "AlreadyExists")
             pod = copy.deepcopy(body)
             pod["status"] = {"phase": "Pending"}
+            self._stamp(pod)
             self.pods[pod["metadata"]["name"]] = pod
             return pod
         if name not in self.pods:
             raise api_error(method, 404, "NotFound")
         if method == "DELETE":
             del self.pods[name]
+            self.revision += 1
             return {}
         if method == "PATCH":
             self.pods[name]["metadata"]["labels"].update(body["metadata"]["labels"])
+            self._stamp(self.pods[name])
             return self.pods[name]
         raise AssertionError(method)
 
@@ -72,6 +81,10 @@ class PodStore(KubeApi):
             "containerStatuses": [{"name": "engine", "restartCount": 0, "state": {"running": {}}}],
         }
         self.pods[name]["spec"]["nodeName"] = "gpu-0"
+        self._stamp(self.pods[name])
+
+    def lists(self) -> int:
+        return sum(1 for method, path in self.calls if method == "GET" and path.endswith("/pods"))
 
 
 def load(case: str) -> dict[str, Any]:
@@ -254,3 +267,108 @@ async def test_set_serving_after_a_recreation_labels_the_new_pods_not_the_observ
     await p.create_cell(req(0, generation=2))
     await p.set_serving("llama-8b-cell-0", True)
     assert store.pods["llama-8b-cell-0-g2-0"]["metadata"]["labels"][L.SERVING] == "true"
+
+
+# -- the shared engine-pod cache (the operator's pod watch) -------------------------------------
+def watched(case: str = "gpu-4x2") -> tuple[KubernetesPlatform, PodStore, EnginePodCache, list[float]]:
+    store, cache, clock = PodStore(), EnginePodCache(), [0.0]
+    return KubernetesPlatform(store, "rl", load(case), cache, now=lambda: clock[0]), store, cache, clock
+
+
+def deliver(store: PodStore, cache: EnginePodCache, *names: str) -> None:
+    """The watch delivers the named pods as stored now (all of them when none is named)."""
+    for name in names or tuple(store.pods):
+        pod = copy.deepcopy(store.pods[name])
+        pod["metadata"]["namespace"] = "rl"
+        cache.record("MODIFIED", pod)
+
+
+async def test_a_steady_job_reads_its_pods_from_the_watch_not_a_list_per_pass() -> None:
+    p, store, cache, _ = watched()
+    for i in range(4):
+        await p.create_cell(req(i))
+        store.run(f"llama-8b-cell-{i}-g1-0", f"127.10.0.{i + 1}")
+    first = await p.observe_cells()
+    deliver(store, cache)
+    lists = store.lists()
+    for _ in range(5):
+        assert await p.observe_cells() == first
+    assert store.lists() == lists  # five passes, no LIST
+
+
+async def test_a_pod_the_watch_lacks_is_asked_of_the_api_server_never_taken_as_gone() -> None:
+    p, store, cache, _ = watched()
+    await p.create_cell(req(0))
+    store.run("llama-8b-cell-0-g1-0", "127.10.0.1")
+    await p.observe_cells()
+    deliver(store, cache)
+    await p.create_cell(req(1))  # the watch has not delivered cell 1's pod yet
+    lists = store.lists()
+    cells = await p.observe_cells()
+    assert [c.name for c in cells] == ["llama-8b-cell-0", "llama-8b-cell-1"]
+    assert store.lists() == lists + 1
+    cache.record("DELETED", {"metadata": {"name": "llama-8b-cell-0-g1-0", "namespace": "rl",
+                                          "labels": {L.JOB: "llama-8b"}, "resourceVersion": "999"}})
+    deliver(store, cache, "llama-8b-cell-1-g1-0")
+    cells = await p.observe_cells()  # the watch says cell 0's pod is gone; the API server still has it
+    assert [c.name for c in cells] == ["llama-8b-cell-0", "llama-8b-cell-1"]
+    assert cells[0].endpoint == "http://127.10.0.1:8000"
+    assert store.lists() == lists + 2
+
+
+async def test_a_late_watch_event_older_than_a_list_never_rolls_the_view_back() -> None:
+    p, store, cache, _ = watched()
+    await p.create_cell(req(0))
+    pending = copy.deepcopy(store.pods["llama-8b-cell-0-g1-0"])
+    store.run("llama-8b-cell-0-g1-0", "127.10.0.1")
+    (cell,) = await p.observe_cells()  # a LIST (the watch had nothing): running
+    assert cell.all_running
+    pending["metadata"]["namespace"] = "rl"
+    cache.record("ADDED", pending)  # the watch's event of the created pod arrives late
+    lists = store.lists()
+    (cell,) = await p.observe_cells()
+    assert cell.all_running and store.lists() == lists
+
+
+async def test_pods_this_platform_deleted_are_not_seen_again_from_a_lagging_watch() -> None:
+    p, store, cache, _ = watched()
+    await p.create_cell(req(0, generation=1))
+    await p.observe_cells()
+    deliver(store, cache)
+    await p.delete_cell("llama-8b-cell-0")
+    lists = store.lists()
+    assert await p.observe_cells() == []  # the watch still shows the pod; it was deleted here
+    assert store.lists() == lists
+
+
+async def test_the_watch_is_checked_against_a_list_every_relist_period() -> None:
+    p, store, cache, clock = watched()
+    await p.create_cell(req(0))
+    await p.observe_cells()
+    deliver(store, cache)
+    lists = store.lists()
+    await p.observe_cells()
+    assert store.lists() == lists
+    clock[0] += p.relist_seconds
+    await p.observe_cells()
+    assert store.lists() == lists + 1
+
+
+def test_the_cache_keeps_the_newest_copy_and_a_list_drops_what_the_watch_missed() -> None:
+    cache = EnginePodCache()
+
+    def pod(name: str, rv: int, phase: str) -> dict[str, Any]:
+        return {"metadata": {"name": name, "namespace": "rl", "labels": {L.JOB: "j"}, "resourceVersion": str(rv)},
+                "spec": {"containers": [{"name": "engine"}]}, "status": {"phase": phase}}  # fmt: skip
+
+    cache.record(None, pod("a", 5, "Running"))
+    cache.record("MODIFIED", pod("a", 3, "Pending"))  # late: older than held
+    cache.record("ADDED", pod("b", 6, "Pending"))
+    assert {p["metadata"]["name"]: p["status"]["phase"] for p in cache.pods("rl", "j")} == {"a": "Running", "b": "Pending"}
+    assert "containers" not in cache.pods("rl", "j")[0]["spec"]  # slim: the spec is not kept
+    cache.record("ADDED", pod("c", 9, "Pending"))
+    cache.replace("rl", "j", [pod("b", 6, "Pending")], 8)  # "a" went in a watch gap; "c" is newer than the list
+    assert sorted(p["metadata"]["name"] for p in cache.pods("rl", "j")) == ["b", "c"]
+    cache.record("DELETED", pod("b", 10, "Pending"))
+    cache.record("DELETED", pod("c", 11, "Pending"))
+    assert cache.pods("rl", "j") == [] and len(cache) == 0

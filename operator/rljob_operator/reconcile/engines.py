@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
+import aiohttp
 from pydantic import ValidationError
 
 from controller_runtime.api.spec import Engine, InferenceSpec
@@ -75,9 +76,14 @@ class TimedEngineClient:
         return getattr(self._inner, name)
 
 
-def engine_factory(engine: Engine | str, observe: Callable[[float], None]) -> EngineClientFactory:
+def engine_factory(
+    engine: Engine | str, observe: Callable[[float], None], session: aiohttp.ClientSession | None = None
+) -> EngineClientFactory:
+    """Timed clients of `engine`; on `session` when given (the operator's one pool for every
+    job's cells: one connector and its keep-alive connections, not one per cell)."""
+
     def make(endpoint: str) -> EngineClient:
-        return TimedEngineClient(make_engine_client(engine, endpoint), observe)
+        return TimedEngineClient(make_engine_client(engine, endpoint, session=session), observe)
 
     return make
 
@@ -96,8 +102,10 @@ class EngineFleet:
         wake: Callable[[], None],
         engines: EngineClientFactory | None = None,
         generation: Hashable = None,
+        session: aiohttp.ClientSession | None = None,
     ) -> None:
         self.job = job
+        self.session = session
         self.platform = platform
         self.registry = registry
         self.metrics = metrics
@@ -134,7 +142,8 @@ class EngineFleet:
                 log.warning("status of %s does not parse; starting fresh: %s", self.job.key, e)
                 restore = None
             engines = self._engines or engine_factory(
-                inference.engine, self.metrics.probe_seconds.labels(self.job.namespace, self.job.name).observe
+                inference.engine, self.metrics.probe_seconds.labels(self.job.namespace, self.job.name).observe,
+                self.session,
             )
             self.controller = InferenceController(
                 job=self.job.name,

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+import aiohttp
 from pydantic import ValidationError
 
 from controller_runtime.api.spec import RLJobSpec
@@ -26,7 +27,7 @@ from controller_runtime.clock import Clock, RealClock
 from controller_runtime.controller import InferenceController
 from controller_runtime.events import Reason
 from controller_runtime.ports import EngineClientFactory, Platform
-from rljob_operator.event_recorder import EventRecorder
+from rljob_operator.event_recorder import EventRecorder, EventSink
 from rljob_operator.metrics import Metrics
 from rljob_operator.reconcile import children, lifecycle, queueing
 from rljob_operator.reconcile.context import JobContext, JobKube, involved_object
@@ -98,6 +99,8 @@ class JobRuntime:
         clock: Clock | None = None,
         engines: EngineClientFactory | None = None,
         acting: Callable[[], bool] = lambda: True,
+        session: aiohttp.ClientSession | None = None,
+        events: EventSink | None = None,
     ) -> None:
         meta = body.get("metadata") or {}
         self.watched = body  # kopf's live view: spec/metadata change under us as the watch sees them
@@ -111,11 +114,11 @@ class JobRuntime:
         self.acting = acting  # False on a replica that lost the Lease: no effects at all
         clock = clock or RealClock()
         uid = meta.get("uid", "")
-        recorder = EventRecorder(kube, involved_object(self.namespace, self.name, uid), clock)
+        recorder = EventRecorder(events or kube, involved_object(self.namespace, self.name, uid), clock)
         self.job = JobContext(self.namespace, self.name, uid, kube, recorder, clock, resync_seconds)
         self.fleet = EngineFleet(
             job=self.job, platform=platform, registry=registry, metrics=metrics, handle=self, wake=self.poke,
-            engines=engines, generation=self.generation,
+            engines=engines, generation=self.generation, session=session,
         )
         self.status = StatusWriter(self.job, metrics, body.get("status"))
         self.seen = Seen()

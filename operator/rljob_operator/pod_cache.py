@@ -1,0 +1,103 @@
+"""Every engine pod the operator's watch has seen, by job: one watch for all jobs' passes.
+
+Each pass of each job used to LIST its engine pods (a quorum read of the API server): at 100
+jobs resynced every 10 s, 10 LISTs a second at steady state, and the most CPU the operator
+spent per pass (the client's JSON decoding of eight pods; issue 13). The operator already
+watches engine pods (kopf, `handlers.wake_for_engine_pod`) to wake a job when its pods move;
+this keeps what that watch delivers, so a job's pass reads its pods from memory.
+
+A watch can lag: an event still on its way leaves this view older than the API server's.
+What the view may be trusted with is the platform's decision (`platform.KubernetesPlatform`,
+which keeps its own expectations), never this module's: here is only the newest copy of each
+pod, by resourceVersion, so an event that arrives late can never replace a newer one.
+
+Kept per pod: what the platform reads (names, labels, annotations, deletion mark, node,
+status), not the pod spec: the cache holds every engine pod of the watched namespaces, and a
+full pod is ten times the size (RSS target 256 MiB at 8,000 pods).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from rljob_operator import labels as L
+
+_KEPT_METADATA = ("name", "namespace", "labels", "annotations", "deletionTimestamp", "resourceVersion", "uid")
+
+
+def pod_version(pod: Mapping[str, Any]) -> int:
+    """A pod's resourceVersion as a number (etcd's revision); -1 when it is not one."""
+    try:
+        return int(str((pod.get("metadata") or {}).get("resourceVersion")))
+    except (TypeError, ValueError):
+        return -1
+
+
+def slim_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields of a pod the platform reads (`platform.pod_observation`, grouping by cell)."""
+    meta = pod.get("metadata") or {}
+    node = (pod.get("spec") or {}).get("nodeName")
+    return {
+        "metadata": {k: meta[k] for k in _KEPT_METADATA if k in meta},
+        "spec": {"nodeName": node} if node else {},
+        "status": dict(pod.get("status") or {}),
+    }
+
+
+def job_of(pod: Mapping[str, Any]) -> str:
+    """The job label value a pod is filed under: what `labels.engine_selector` selects on."""
+    return str(((pod.get("metadata") or {}).get("labels") or {}).get(L.JOB, ""))
+
+
+class EnginePodCache:
+    """The newest watched copy of each engine pod, filed by (namespace, job label value)."""
+
+    def __init__(self) -> None:
+        self._pods: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
+
+    def record(self, event_type: str | None, pod: Mapping[str, Any]) -> None:
+        """Take one watch event (kopf's `type`: None for the initial listing, ADDED, MODIFIED,
+        DELETED); an event older than the copy held is ignored."""
+        meta = pod.get("metadata") or {}
+        name, namespace = meta.get("name"), meta.get("namespace")
+        if not name or not namespace:
+            return
+        key = (str(namespace), job_of(pod))
+        pods = self._pods.setdefault(key, {})
+        held = pods.get(name)
+        if held is not None and pod_version(held) > pod_version(pod):
+            return
+        if event_type == "DELETED":
+            pods.pop(name, None)
+            if not pods:
+                del self._pods[key]
+            return
+        pods[name] = slim_pod(pod)
+
+    def replace(
+        self, namespace: str, job_label: str, listed: list[dict[str, Any]], version: int | None
+    ) -> None:
+        """Take a quorum LIST of one job's pods (at resourceVersion `version`) as the newer view.
+
+        A watch restarted by a re-list delivers no DELETED for pods gone in the gap: without
+        this, such a pod would stay here for good. A held pod the LIST lacks is dropped unless
+        it is newer than the LIST (a create the watch saw after the LIST was served)."""
+        key = (namespace, job_label)
+        held = self._pods.get(key, {})
+        fresh = {p["metadata"]["name"]: slim_pod(p) for p in listed}
+        for name, pod in held.items():
+            newer = version is not None and pod_version(pod) > version
+            if newer and (name not in fresh or pod_version(pod) > pod_version(fresh[name])):
+                fresh[name] = pod
+        if fresh:
+            self._pods[key] = fresh
+        else:
+            self._pods.pop(key, None)
+
+    def pods(self, namespace: str, job_label: str) -> list[dict[str, Any]]:
+        """The job's engine pods as last watched (copies of the lists, shared pod dicts: read only)."""
+        return list(self._pods.get((namespace, job_label), {}).values())
+
+    def __len__(self) -> int:
+        return sum(len(p) for p in self._pods.values())

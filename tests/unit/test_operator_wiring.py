@@ -1,0 +1,58 @@
+"""How the operator process wires its shared parts: the engine-pod watch into the pod cache, the
+API client's connection pool sized to its threads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rljob_operator import handlers
+from rljob_operator import labels as L
+from rljob_operator.kubeapi import load_api_client
+from rljob_operator.pod_cache import EnginePodCache
+
+
+class Memo:
+    def __init__(self) -> None:
+        self.pods = EnginePodCache()
+        self.runtimes: dict[tuple[str, str], Any] = {}
+
+
+def engine_pod(name: str, rv: int) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": "rl", "resourceVersion": str(rv),
+                     "labels": {L.JOB: "j", L.ROLE: L.ROLE_ENGINE}},
+        "status": {"phase": "Running"},
+    }  # fmt: skip
+
+
+async def test_the_engine_pod_watch_fills_the_shared_cache_and_deletions_leave_it() -> None:
+    memo = Memo()
+    await handlers.wake_for_engine_pod(
+        type=None, body=engine_pod("j-cell-0-g0-0", 3), namespace="rl", memo=memo
+    )
+    await handlers.wake_for_engine_pod(
+        type="ADDED", body=engine_pod("j-cell-1-g0-0", 4), namespace="rl", memo=memo
+    )
+    assert sorted(p["metadata"]["name"] for p in memo.pods.pods("rl", "j")) == [
+        "j-cell-0-g0-0",
+        "j-cell-1-g0-0",
+    ]
+    await handlers.wake_for_engine_pod(
+        type="DELETED", body=engine_pod("j-cell-0-g0-0", 5), namespace="rl", memo=memo
+    )
+    assert [p["metadata"]["name"] for p in memo.pods.pods("rl", "j")] == ["j-cell-1-g0-0"]
+
+
+def test_the_api_client_keeps_as_many_connections_as_its_pool_has_threads(tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:6443"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+    }))  # fmt: skip
+    client = load_api_client(str(kubeconfig), connections=32)
+    assert client.rest_client.pool_manager.connection_pool_kw["maxsize"] == 32
+    assert load_api_client(str(kubeconfig)).rest_client.pool_manager.connection_pool_kw["maxsize"] != 32
