@@ -39,7 +39,7 @@ from rljob_operator.leader import LeaderElector
 from rljob_operator.lease_store import KubeLeaseStore
 from rljob_operator.logging import configure_logging
 from rljob_operator.metrics import Metrics
-from rljob_operator.platform import KubernetesPlatform
+from rljob_operator.platform import POD_RELIST_SECONDS, KubernetesPlatform
 from rljob_operator.pod_cache import EnginePodCache
 from rljob_operator.registry import JobRegistry
 from rljob_operator.relist import Relister
@@ -63,11 +63,13 @@ def controller_url(s: OperatorSettings) -> str:
     return f"http://rljob-operator.{ns}.svc:{s.api_port}"
 
 
-def make_platform_factory(kube: KubeApi, pods: EnginePodCache) -> Callable[[dict[str, Any]], Platform]:
+def make_platform_factory(
+    kube: KubeApi, pods: EnginePodCache, relist_seconds: float = POD_RELIST_SECONDS
+) -> Callable[[dict[str, Any]], Platform]:
     """Each job's Platform, all on the process's one `KubeApi` and its one engine-pod cache."""
 
     def make(body: dict[str, Any]) -> Platform:
-        return KubernetesPlatform(kube, body["metadata"]["namespace"], body, pods)
+        return KubernetesPlatform(kube, body["metadata"]["namespace"], body, pods, relist_seconds=relist_seconds)
 
     return make
 
@@ -174,7 +176,7 @@ async def run_operator(s: OperatorSettings) -> int:
                 registry=registry,
                 metrics=metrics,
                 is_leader=elector.is_leader,
-                make_platform=make_platform_factory(kube, pods),
+                make_platform=make_platform_factory(kube, pods, s.pod_relist_seconds),
                 controller_url=controller_url(s),
                 pods=pods,
                 engine_http=engine_http,

@@ -161,10 +161,12 @@ def test_stale_pod_lists_never_recreate_a_serving_cell(cluster, namespace, proxy
     (recorded when no pod existed yet): a read from a cache behind by minutes.
     Expectation: a stale "no pods" is not taken for dead cells: none is recreated (restarts
     stay 0, no second pod for a slot in the audit log), the weight version is kept, and the
-    job is still 2/2 once fresh answers come back."""
+    job is still 2/2 once fresh answers come back. (A steady job reads its pods from the pod
+    watch and LISTs them only every --pod-relist seconds; 0 here makes every pass LIST, the
+    read this fault is about.)"""
     kube = Kube(cluster, namespace)
     stale = proxy.add(Fault("stale", "GET", "pods", watch=False, skip=10**9, times=0))
-    op = operators()
+    op = operators("--pod-relist=0")
     kube.apply(make_rljob("stale", replicas=2))
     wait_for(lambda: converged(kube, "stale", 2), 120, what="2/2 before the stale reads")
     before = kube.status("stale")
