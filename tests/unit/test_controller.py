@@ -754,18 +754,24 @@ async def test_dead_cells_are_replaced_together_not_one_after_another() -> None:
     await h.ctrl.reconcile()
     assert h.states() == [S.Unhealthy] * 3 and sorted(h.platform.deleted) == [f"demo-cell-{i}" for i in range(3)]
     await h.clock.advance(5)  # the backoff
+    await all_in_flight_at_once(platform, h.ctrl.reconcile(), 3)
+    assert [h.platform.generation_of(f"demo-cell-{i}") for i in range(3)] == [1, 1, 1]
+
+
+async def all_in_flight_at_once(platform: Any, call: Awaitable[Any], n: int) -> None:
+    """Run `call` with the platform's `gate` shut: its `n` platform calls must be in flight
+    together (`most`), not one after another; then open the gate and let it finish."""
     platform.gate.clear()
-    replacing = asyncio.ensure_future(h.ctrl.reconcile())
+    task = asyncio.ensure_future(call)
     try:
         for _ in range(100):
-            if platform.in_flight == 3:
+            if platform.in_flight == n:
                 break
             await asyncio.sleep(0)
-        assert platform.most == 3
+        assert platform.most == n
     finally:
         platform.gate.set()
-        await replacing
-    assert [h.platform.generation_of(f"demo-cell-{i}") for i in range(3)] == [1, 1, 1]
+        await task
 
 
 class GatedLabelPlatform(FakePlatform):
@@ -793,17 +799,7 @@ async def test_offload_relabels_every_cell_at_once() -> None:
     platform = GatedLabelPlatform()
     h = harness(3, platform=platform)
     await serve(h)
-    platform.gate.clear()
-    offload = asyncio.ensure_future(h.ctrl.offload([MemoryTag.weights]))
-    try:
-        for _ in range(100):
-            if platform.in_flight == 3:
-                break
-            await asyncio.sleep(0)
-        assert platform.most == 3
-    finally:
-        platform.gate.set()
-        await offload
+    await all_in_flight_at_once(platform, h.ctrl.offload([MemoryTag.weights]), 3)
     assert [h.platform.serving[f"demo-cell-{i}"] for i in range(3)] == [False] * 3
 
 
