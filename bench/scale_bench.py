@@ -713,9 +713,7 @@ def ensure_kuberay_crds(cluster: Cluster, crds: Path) -> None:
     for name in ("rayjobs", "rayservices"):
         if cluster.kubectl("get", "crd", f"{name}.ray.io", check=False).returncode != 0:
             cluster.kubectl("apply", "--server-side", "-f", str(crds / f"ray.io_{name}.yaml"))
-            wait_for(lambda n=name: cluster.kubectl("wait", "--for=condition=Established", f"crd/{n}.ray.io",
-                                                    "--timeout=10s", check=False).returncode == 0,
-                     60, what=f"CRD {name}.ray.io established")  # fmt: skip
+            cluster.wait_established(f"{name}.ray.io")
 
 
 def http_status(url: str) -> int:

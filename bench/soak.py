@@ -176,25 +176,25 @@ class Soak:
         self.patch(job, {"suspend": False})
         self.ready(job, int(self.kube.rljob(job)["spec"]["inference"]["replicas"]))
 
-    def window(self) -> None:
+    def window(self, job: str = STEADY) -> None:
         assert self.op is not None
         self.version += 1
         code, body, _ = call(
-            self.op.api, self.kube.ns, STEADY, "start_update_weights", {"holder": "trainer-0"}, self.token
+            self.op.api, self.kube.ns, job, "start_update_weights", {"holder": "trainer-0"}, self.token
         )
         assert code == 200, f"start_update_weights: {code} {body}"
         end = {"snapshot": body["snapshot"], "weightVersion": f"{self.version}"}
-        code, body, _ = call(self.op.api, self.kube.ns, STEADY, "end_update_weights", end, self.token)
+        code, body, _ = call(self.op.api, self.kube.ns, job, "end_update_weights", end, self.token)
         assert code == 200, f"end_update_weights: {code} {body}"
 
-    def kill_engine(self) -> None:
-        cell = f"{STEADY}-cell-{self.cycles % STEADY_REPLICAS}"
-        engine = next(e for e in self.kube.status(STEADY)["engines"] if e["name"] == cell)
+    def kill_engine(self, job: str = STEADY, replicas: int = STEADY_REPLICAS) -> None:
+        cell = f"{job}-cell-{self.cycles % replicas}"
+        engine = next(e for e in self.kube.status(job)["engines"] if e["name"] == cell)
         pod = self.kube.get("pod", engine["pods"][0]) or {}
         os.kill(int(pod["metadata"]["annotations"][PID_ANNOTATION]), signal.SIGKILL)
 
         def recreated() -> bool:
-            e = next(e for e in self.kube.status(STEADY)["engines"] if e["name"] == cell)
+            e = next(e for e in self.kube.status(job)["engines"] if e["name"] == cell)
             return e["generation"] > engine["generation"] and e["state"] in ("PendingWeights", "Serving")
 
         # Recreated after a window, the cell waits for the next one (PendingWeights): the

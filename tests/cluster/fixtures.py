@@ -91,6 +91,18 @@ class Cluster:
         argv = [str(self.bin_dir / "helm"), "--kubeconfig", str(self.kubeconfig), *args]
         return self._run(self.in_netns(argv), check, input, timeout)
 
+    def wait_established(self, *crds: str, timeout: float = 60) -> None:
+        """Poll each CRD's Established condition until True. Not `kubectl wait`: on a CRD whose
+        status has no conditions yet (just created) it fails at once (".status.conditions
+        accessor error: <nil> is of the type <nil>") instead of waiting."""
+        jsonpath = 'jsonpath={.status.conditions[?(@.type=="Established")].status}'
+
+        def established(name: str) -> bool:
+            return self.kubectl("get", "crd", name, "-o", jsonpath, check=False).stdout.strip() == "True"
+
+        for name in crds:
+            wait_for(lambda: established(name), timeout, what=f"CRD {name} established")  # noqa: B023
+
     def up(self) -> subprocess.CompletedProcess:
         """Run tests/cluster/up for this cluster (idempotent: restarts a dead agent)."""
         env = {**os.environ, "RLJOB_TESTCLUSTER_CACHE": str(self.cache), "RLJOB_TESTCLUSTER_NAME": self.name}

@@ -149,8 +149,7 @@ class KubeRayProcess:
                 continue
             self.cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crds / file))
             self._added_crds.append(name)
-        for name in CRD_FILES:
-            self.cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
+        self.cluster.wait_established(*CRD_FILES)
 
     def _get(self, port: int, path: str) -> tuple[int, str]:
         """(status, body) of GET 127.0.0.1:<port><path>, asked from where the process listens."""

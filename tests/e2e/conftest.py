@@ -46,7 +46,7 @@ METRICS_PORT = 9090
 def rljob_crd(cluster: Cluster) -> Path:
     """The CRD of this working tree, applied the way the README tells users to before `helm upgrade`."""
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
-    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/rljobs.rljob.io")
+    cluster.wait_established("rljobs.rljob.io")
     return CRD
 
 
@@ -217,7 +217,7 @@ def loop_ns(podnet_cluster: Cluster, tmp_path: Path) -> Iterator[tuple[str, str]
     c = podnet_cluster
     ns = c.create_namespace(f"t-loop-{uuid.uuid4().hex[:6]}")
     c.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
-    c.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/rljobs.rljob.io")
+    c.wait_established("rljobs.rljob.io")
     release = f"rljob-operator-{uuid.uuid4().hex[:5]}"
     values = {
         "podLabels": {PROCESS_LABEL: "process"},

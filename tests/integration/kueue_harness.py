@@ -158,7 +158,7 @@ class KueueProcess:
         cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(build / "crds"))
         for crd in sorted((build / "crds").glob("*.yaml")):
             name = yaml.safe_load(crd.read_text())["metadata"]["name"]
-            cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
+            cluster.wait_established(name)
         cluster.kubectl("create", "namespace", KUEUE_NAMESPACE, check=False)
         self.webhook_port, self.health_port = free_port(), free_port()
         ca = serving_certificate(workdir / "certs")

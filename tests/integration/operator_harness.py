@@ -41,7 +41,7 @@ def free_port() -> int:
 
 def install_crd(cluster: Any) -> None:
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=rljob-operator-test", "-f", str(CRD_FILE))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/rljobs.rljob.io", "--timeout=60s")
+    cluster.wait_established("rljobs.rljob.io")
     wait_for(lambda: cluster.kubectl("get", "rlj", "-A", check=False).returncode == 0, 60, what="kubectl get rlj")
 
 

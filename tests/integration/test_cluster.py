@@ -90,7 +90,7 @@ def test_custom_resource_definition_is_served_and_validated(cluster, namespace):
                       replicas: {type: integer, minimum: 1}
         """)
     cluster.kubectl("apply", "-f", "-", input=crd)
-    cluster.kubectl("wait", "--for=condition=Established", "crd/probes.testcluster.rljob.io", "--timeout=30s")
+    cluster.wait_established("probes.testcluster.rljob.io")
     good = "apiVersion: testcluster.rljob.io/v1\nkind: Probe\nmetadata: {name: good}\nspec: {replicas: 2}\n"
     cluster.wait_for(lambda: cluster.kubectl("-n", namespace, "apply", "-f", "-", input=good, check=False)
                      .returncode == 0, timeout=30, what="the new CRD to be served")

@@ -45,7 +45,7 @@ CRD_FILE = REPO_ROOT / "crds" / "rljob.yaml"
 def crd(cluster) -> Any:
     """Install (or update) the CRD and wait until the API server serves it."""
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=rljob-crd-test", "-f", str(CRD_FILE))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/rljobs.rljob.io", "--timeout=60s")
+    cluster.wait_established("rljobs.rljob.io")
     # Established can precede discovery by a moment; wait until kubectl resolves the short name.
     cluster.wait_for(lambda: cluster.kubectl("get", "rlj", "-A", check=False).returncode == 0, timeout=60,
                      what="kubectl get rlj")

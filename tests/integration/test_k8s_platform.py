@@ -70,7 +70,7 @@ def rljob_crd(cluster) -> None:
     if not CRD.exists():
         pytest.skip(f"{CRD} not generated yet (python -m rljob_operator.crdgen)")
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
-    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/rljobs.rljob.io")
+    cluster.wait_established("rljobs.rljob.io")
 
 
 @pytest.fixture
