@@ -8,7 +8,8 @@ After a test, the events of its namespace are checked for:
   it no longer serves: "live" is created and not yet asked to go);
 * nothing created for a job after its deletion was requested (pods and applied children);
 * `status.observedGeneration` never goes backwards (the operator's status patches carry it
-  whenever it changes);
+  whenever it changes); a job deleted and created again under its name starts afresh, here
+  and in the restart counts;
 * one writer at a time: every write of an operator replica (user agent
   `rljob-operator/<identity>`) comes from the holder of the namespace's Lease as last written;
 * every cell's restart count equals the recreations the log shows (generations created
@@ -126,6 +127,8 @@ def observed_generation_never_goes_back(events: Iterable[Event]) -> list[str]:
     last: dict[str, int] = {}
     problems = []
     for e in events:
+        if e.resource == "rljobs" and not e.subresource and e.creates:
+            last.pop(e.name, None)  # a new job of the same name: its generations start again
         if e.resource != "rljobs" or e.subresource != "status" or not e.ok:
             continue
         value = (e.body.get("status") or {}).get("observedGeneration")
@@ -157,6 +160,9 @@ def only_the_lease_holder_writes(events: Iterable[Event]) -> list[str]:
 def restarts_match_recreations(events: Iterable[Event], statuses: dict[str, dict[str, Any]]) -> list[str]:
     generations: dict[tuple[str, str], set[int]] = defaultdict(set)
     for e in events:
+        if e.resource == "rljobs" and not e.subresource and e.creates:  # a new job of that name
+            for key in [k for k in generations if k[0] == e.name]:
+                del generations[key]
         m = POD_NAME.match(e.name) if e.resource == "pods" and e.creates else None
         if m is not None:
             generations[(m["job"], f"{m['job']}-cell-{m['cell']}")].add(int(m["gen"]))

@@ -51,6 +51,8 @@ def test_observed_generation_going_back_is_caught() -> None:
 
     assert H.observed_generation_never_goes_back([status(1, 1), status(2, None), status(3, 2)]) == []
     assert len(H.observed_generation_never_goes_back([status(1, 2), status(2, 1)])) == 1
+    recreated = [status(1, 4), ev(2, "delete", "rljobs", "j"), ev(3, "create", "rljobs", "j", 201), status(4, 1)]
+    assert H.observed_generation_never_goes_back(recreated) == []
 
 
 def test_a_write_by_a_replica_that_does_not_hold_the_lease_is_caught() -> None:
@@ -69,3 +71,6 @@ def test_restarts_that_differ_from_the_recreations_seen_are_caught() -> None:
     assert H.restarts_match_recreations(
         events, {"j": {"engines": [{"name": "j-cell-0", "restarts": 0}]}}
     ) == ["j-cell-0: restarts 0, recreations seen 1"]
+    recreated_job = [*events, ev(3, "delete", "rljobs", "j"), ev(4, "create", "rljobs", "j", 201),
+                     ev(5, "create", "pods", "j-cell-0-g0-0", 201)]  # fmt: skip
+    assert H.restarts_match_recreations(recreated_job, {"j": {"engines": [{"name": "j-cell-0", "restarts": 0}]}}) == []

@@ -1,0 +1,104 @@
+"""Every asyncio task and file descriptor a job's life opens in the operator closes with it.
+
+Fault: none; the ordinary life of a job, over and over (create, scale 1 -> 2, suspend, resume,
+SIGKILL an engine, a weight-update window through the controller API, delete).
+Expectation: once the jobs are gone, the operator's asyncio tasks and open fds come back down
+to their floor before them.
+
+The hour's soak (bench/soak.py, RESULTS.md) samples with a job alive, where ~24 fds and ~53
+tasks move by a few with the probes and passes in flight: at that noise its fit could neither
+show nor rule out a leak of one fd or task per job. Here the question is exact. The floor is the
+lowest count over FLOOR_SECONDS of scrapes with no job, taken after one warm-up job, so that
+what the operator creates once and keeps (the probes' HTTP session, the controller API's
+caches) is in it. Measured here: a deleted job's tasks go within ~6 s (kopf's per-object
+worker waits out its idle timeout), 50 -> 42; fds move 20-22 with the API calls in flight. A
+leak of one per job stays above the floor for good after the next jobs (a task leaked on
+purpose per job fails this test). Once in five runs two of the operator's own long-lived tasks
+(kopf's) ended later than the floor, which can hide a leak of two: hence four jobs after it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from tests.cluster.waiting import wait_for
+from tests.integration.operator_harness import Kube, control_rbac, install_crd, make_rljob, release_rljobs
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+JOB = "leak-j"
+JOBS_AFTER_WARMUP = 4  # a leak of one per job: +4 over the floor
+FLOOR_SECONDS = 12.0  # longer than a deleted job's tasks take to end (~6 s)
+SCRAPE_SECONDS = 0.5
+
+
+def load_soak() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("soak", REPO_ROOT / "bench" / "soak.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["soak"] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def one_job_life(soak: Any) -> None:
+    """bench/soak.py's steps, on one job that goes as it came."""
+    soak.cycles += 1
+    soak.kube.apply(make_rljob(JOB, replicas=1, standin_cells="all"))
+    soak.ready(JOB, 1)
+    soak.scale(JOB, 2)
+    soak.suspend(JOB)
+    soak.resume(JOB)  # before the window: cells made after one wait for the next
+    soak.kill_engine(JOB, 2)
+    soak.window(JOB)
+    soak.ready(JOB, 2)
+    soak.delete(JOB)
+
+
+def floor(soak: Any) -> tuple[float, int]:
+    """The lowest (tasks, fds) over FLOOR_SECONDS of scrapes: a sampling period, not a wait."""
+    samples = []
+    end = time.monotonic() + FLOOR_SECONDS
+    while time.monotonic() < end:
+        samples.append(soak.sample())
+        time.sleep(SCRAPE_SECONDS)
+    return min(s.tasks for s in samples if s.tasks is not None), min(s.fds for s in samples)
+
+
+@pytest.mark.timeout(300)
+def test_a_jobs_tasks_and_fds_close_with_it(cluster, namespace, tmp_path) -> None:
+    soak_mod = load_soak()
+    kube = Kube(cluster, namespace)
+    install_crd(cluster)
+    control_rbac(kube, JOB)
+    soak = soak_mod.Soak(cluster, kube, tmp_path)
+    soak.start_operator()
+    try:
+        one_job_life(soak)  # warm-up: what the operator makes once and keeps
+        tasks0, fds0 = floor(soak)
+        for _ in range(JOBS_AFTER_WARMUP):
+            one_job_life(soak)
+
+        def back_to_floor() -> tuple[float | None, int] | None:
+            s = soak.sample()
+            return (s.tasks, s.fds) if s.tasks is not None and s.tasks <= tasks0 and s.fds <= fds0 else None
+
+        wait_for(
+            back_to_floor,
+            90,
+            interval=0.5,
+            what=f"tasks <= {tasks0} and fds <= {fds0} after {JOBS_AFTER_WARMUP} more jobs",
+        )
+        assert soak.op is not None
+        soak.op.healthz()
+        assert soak.failures == []
+    finally:
+        if soak.op is not None:
+            soak.op.stop()
+        release_rljobs(cluster, namespace)
