@@ -15,7 +15,7 @@ resync); one LIST per period now covers every job and every kind of lost event:
   row, and of which kopf's watch never delivered an event (for that uid; for a deletion, one
   with the deletion mark): an annotation is written on it, so that kopf's watch sees a
   MODIFIED event and does what it missed (spawns the daemon, or stops it and removes the
-  finalizer). A delivered event is enough: kopf spawns a job's daemon (about one a second
+  finalizer). A delivered event is enough: kopf spawns a job's daemon (seconds later
   after an operator restart with many jobs) or stops it on its own once it has the event, so
   a nudge then is a needless write and one more event in a queue that is already long;
 - a runtime whose RLJob is not listed: a GET confirms the job is gone (a stale list never
