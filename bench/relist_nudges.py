@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -47,6 +48,22 @@ def jobs_running(op: OperatorProcess) -> int:
     return len(set(PASSES.findall(op.metrics())))
 
 
+def run_all(
+    cluster: Any, ns: str, logs: Path, identity: str, extra: tuple[str, ...], jobs: int
+) -> tuple[float, OperatorProcess]:
+    """Starts an operator and stops it once it runs every job: the seconds that took, and it
+    (its log stays)."""
+    t0 = time.monotonic()
+    op = OperatorProcess(cluster, ns, logs, identity=identity, resync=10.0, extra_args=extra)
+    try:
+        wait_for(
+            lambda: jobs_running(op) == jobs, 600, interval=0.5, what=f"operator {identity} runs every job"
+        )
+        return time.monotonic() - t0, op
+    finally:
+        op.stop()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=60)
@@ -67,30 +84,10 @@ def main() -> int:
     kube.apply({"apiVersion": "v1", "kind": "List", "items": jobs})
     logs = Path(tempfile.mkdtemp(prefix="relist-nudges-"))
     try:
-        first = OperatorProcess(cluster, ns, logs, identity="op-a", resync=10.0, extra_args=CHART)
-        try:
-            wait_for(
-                lambda: jobs_running(first) == args.jobs,
-                600,
-                interval=1.0,
-                what="the first operator runs every job",
-            )
-        finally:
-            first.stop()
-        t0 = time.monotonic()
-        second = OperatorProcess(
-            cluster, ns, logs, identity="op-b", resync=10.0, extra_args=(*CHART, "--relist", str(args.relist))
+        run_all(cluster, ns, logs, "op-a", CHART, args.jobs)
+        all_running_s, second = run_all(
+            cluster, ns, logs, "op-b", (*CHART, "--relist", str(args.relist)), args.jobs
         )
-        try:
-            wait_for(
-                lambda: jobs_running(second) == args.jobs,
-                600,
-                interval=0.5,
-                what="the second operator runs every job",
-            )
-            all_running_s = time.monotonic() - t0
-        finally:
-            second.stop()
     finally:
         release_rljobs(cluster, ns)
         cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
