@@ -141,7 +141,7 @@ class Relister:
     behind: frozenset[Key] = frozenset()
     delivered: dict[Key, Delivered] = field(default_factory=dict)  # `record_delivered`, from kopf's events
     lists: int = 0  # LIST rounds done (a test counts them)
-    nudges: int = 0  # annotations written (a test and the restart bench count them)
+    nudges: int = 0  # annotations written (a test counts them)
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
