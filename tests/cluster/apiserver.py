@@ -102,7 +102,7 @@ def start(cluster: Any, p: Process) -> Process:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    _pid_file(cluster, p.name).write_text(f"{child.pid}\n")
+    _pid_file(cluster, p.name).write_text(str(child.pid))  # no newline: kwokctl Atoi()s it to stop it
     return Process(name=p.name, pid=child.pid, argv=p.argv, env=p.env, cwd=p.cwd)
 
 
