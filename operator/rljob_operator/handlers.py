@@ -22,6 +22,7 @@ import kopf
 
 from controller_runtime.ports import Platform
 from rljob_operator import labels as L
+from rljob_operator.delivered import Delivered, record_delivered
 from rljob_operator.event_recorder import EventSink
 from rljob_operator.kinds import GROUP, PLURAL, VERSION
 from rljob_operator.kubeapi import KubeApi
@@ -50,6 +51,7 @@ class OperatorContext:
     controller_url: str
     pods: EnginePodCache = field(default_factory=EnginePodCache)  # what the engine-pod watch saw, for every job
     runtimes: dict[tuple[str, str], JobRuntime] = field(default_factory=dict)
+    delivered: dict[tuple[str, str], Delivered] = field(default_factory=dict)  # the relist reads it
     engine_http: aiohttp.ClientSession | None = None  # every job's engine probes and calls (main)
     events: EventSink | None = None  # where Events go (main: a pool apart from `kube`); None: `kube`
 
@@ -117,9 +119,14 @@ async def run_rljob(body: kopf.Body, stopped: kopf.DaemonStopped, memo: Any, **_
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL, id="wake")
-async def wake_rljob(name: str, namespace: str | None, body: kopf.Body, memo: Any, **_: Any) -> None:
+async def wake_rljob(
+    type: str | None, name: str, namespace: str | None, body: kopf.Body, memo: Any, **_: Any
+) -> None:
     """A change of the RLJob (spec edit, suspend, labels) wakes its loop at once; a status-only
-    event (the operator's own write coming back) does not (`job_runtime.wake_key`)."""
+    event (the operator's own write coming back) does not (`job_runtime.wake_key`). Every event
+    is recorded for the relist: a job kopf has an event of is not one its watch lost, even
+    before kopf spawns its daemon (`relist.plan`)."""
+    record_delivered(memo.delivered, type, body)
     rt = memo.runtimes.get((namespace, name))
     if rt is not None:
         rt.poke_for(body)

@@ -194,7 +194,7 @@ async def run_operator(s: OperatorSettings) -> int:
                 name="kopf",
             )
             relister = Relister(kube, ctx.runtimes, [None] if s.clusterwide else list(s.namespaces),
-                                s.relist_seconds, acting=elector.is_leader)  # fmt: skip
+                                s.relist_seconds, acting=elector.is_leader, delivered=ctx.delivered)  # fmt: skip
             relist_stop = asyncio.Event()
             relist_task = asyncio.create_task(relister.run(relist_stop), name="relist")
             # kopf installs its own SIGINT/SIGTERM handlers (they stop kopf); ours stay for the rest.

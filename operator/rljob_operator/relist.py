@@ -12,8 +12,12 @@ resync); one LIST per period now covers every job and every kind of lost event:
   which acts on the newer of the two (a generation never goes back, so a stale list never
   undoes a newer spec);
 - a job kopf holds no runtime for, or whose deletion kopf has not seen, on two lists in a
-  row: an annotation is written on it, so that kopf's watch sees a MODIFIED event and does
-  what it missed (spawns the daemon, or stops it and removes the finalizer);
+  row, and of which kopf's watch never delivered an event (for that uid; for a deletion, one
+  with the deletion mark): an annotation is written on it, so that kopf's watch sees a
+  MODIFIED event and does what it missed (spawns the daemon, or stops it and removes the
+  finalizer). A delivered event is enough: kopf spawns a job's daemon (seconds later
+  after an operator restart with many jobs) or stops it on its own once it has the event, so
+  a nudge then is a needless write and one more event in a queue that is already long;
 - a runtime whose RLJob is not listed: a GET confirms the job is gone (a stale list never
   stops a live job), then the runtime ends.
 
@@ -29,6 +33,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from rljob_operator.delivered import Delivered
 from rljob_operator.kinds import GROUP
 
 log = logging.getLogger(__name__)
@@ -53,40 +58,57 @@ class Plan:
     nudge: dict[Key, str] = field(default_factory=dict)  # key -> the resourceVersion listed
     maybe_gone: tuple[Key, ...] = ()  # runtimes whose job was not listed (a GET confirms)
     behind: frozenset[Key] = frozenset()  # kopf behind on this list: nudged if still on the next
+    forget: tuple[Key, ...] = ()  # delivered records of keys not listed (the object is gone)
 
 
 def plan(
     listed: Iterable[Mapping[str, Any]],
     watched: Mapping[Key, Mapping[str, Any]],
     behind_before: frozenset[Key],
+    delivered: Mapping[Key, Delivered],
 ) -> Plan:
     """Compare one LIST with kopf's view of each job (the body of its runtime, `watched`,
-    taken before the LIST was sent so that a job created since is not taken for gone).
+    and the events its watch delivered, `delivered`, both taken before the LIST was sent so
+    that a job created since is not taken for gone).
 
-    kopf is behind on a job when it holds no runtime for it (outside its deletion) or the
-    list shows a deletion kopf's view does not: once is a race with the watch (the event
-    may be on its way), twice in a row is a lost event.
+    kopf is behind on a job when its watch never delivered the job (no event of its uid) and
+    it holds no runtime for it (outside its deletion), or never delivered the deletion mark
+    the list shows and its view lacks: once is a race with the watch (the event may be on its
+    way), twice in a row is a lost event. A job kopf has an event of but no runtime for yet is
+    waiting for its daemon to be spawned: not behind.
     """
     feed: dict[Key, Mapping[str, Any]] = {}
     nudge: dict[Key, str] = {}
     behind: set[Key] = set()
     seen: set[Key] = set()
+    keys: set[Key] = set()
     for body in listed:
         key, meta = key_of(body), _meta(body)
+        keys.add(key)
         deleting = bool(meta.get("deletionTimestamp"))
         view = watched.get(key)
         same = view is not None and _meta(view).get("uid") == meta.get("uid")
         if same:
             seen.add(key)
             feed[key] = body
-        if (not same and not deleting) or (
-            same and deleting and view is not None and not _meta(view).get("deletionTimestamp")
-        ):
+        got = delivered.get(key)
+        if got is not None and got.uid != meta.get("uid"):
+            got = None  # an event of an earlier object of that name
+        missed_added = not same and not deleting and got is None
+        missed_deletion = (
+            same
+            and deleting
+            and view is not None
+            and not _meta(view).get("deletionTimestamp")
+            and not (got is not None and got.deleting)
+        )
+        if missed_added or missed_deletion:
             behind.add(key)
             if key in behind_before:
                 nudge[key] = str(meta.get("resourceVersion") or "")
     gone = tuple(sorted(k for k in watched if k not in seen))
-    return Plan(feed=feed, nudge=nudge, maybe_gone=gone, behind=frozenset(behind))
+    forget = tuple(sorted(k for k in delivered if k not in keys))
+    return Plan(feed=feed, nudge=nudge, maybe_gone=gone, behind=frozenset(behind), forget=forget)
 
 
 class ListedJob(Protocol):
@@ -117,7 +139,9 @@ class Relister:
     period: float
     acting: Callable[[], bool] = lambda: True
     behind: frozenset[Key] = frozenset()
+    delivered: dict[Key, Delivered] = field(default_factory=dict)  # `record_delivered`, from kopf's events
     lists: int = 0  # LIST rounds done (a test counts them)
+    nudges: int = 0  # annotations written (a test counts them)
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -133,11 +157,12 @@ class Relister:
     async def once(self) -> Plan:
         before = dict(self.runtimes)
         watched = {k: rt.watched for k, rt in before.items()}
+        delivered = dict(self.delivered)
         listed: list[dict[str, Any]] = []
         for ns in self.namespaces:
             listed += await self.kube.list_rljobs(ns)
         self.lists += 1
-        p = plan(listed, watched, self.behind)
+        p = plan(listed, watched, self.behind, delivered)
         self.behind = p.behind
         for key, body in p.feed.items():
             rt = self.runtimes.get(key)
@@ -146,6 +171,10 @@ class Relister:
         for (ns, name), rv in p.nudge.items():
             log.warning("kopf missed an event of RLJob %s/%s: nudging its watch", ns, name)
             await self.kube.annotate_rljob(ns, name, {NUDGE_ANNOTATION: rv})
+            self.nudges += 1
+        for key in p.forget:
+            if self.delivered.get(key) is delivered[key]:  # no event of it since the LIST was sent
+                del self.delivered[key]
         for key in p.maybe_gone:
             await self._end_if_gone(key, before[key])
         return p

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,7 @@ from typing import Any
 import pytest
 from rljob_operator.relist import NUDGE_ANNOTATION
 
+from tests.cluster.apiserver import restart_apiserver
 from tests.integration.operator_harness import (
     Kube,
     OperatorProcess,
@@ -28,6 +30,7 @@ from tests.integration.operator_harness import (
     release_rljobs,
     wait_for,
 )
+from tests.reliability import history
 from tests.reliability.apiproxy import ApiProxy, Fault, Upstream
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(420)]
@@ -235,6 +238,43 @@ def test_an_api_server_restart_is_reconnected_to(cluster, namespace, proxy, oper
     assert set(pods) <= set(live_engine_pods(kube, "bounce"))
     assert cell_restarts(kube, "bounce") == {"bounce-cell-0": 0, "bounce-cell-1": 0}
     assert op.proc.poll() is None and op.is_leader(), "the operator died or leads no more:\n" + op.log_tail()
+
+
+CHART_LEASE = ("--lease-duration", "15", "--renew-deadline", "10", "--retry-period", "2")  # the chart's values
+# kopf's log lines for a handler or daemon that raised (kopf/_core/actions/execution.py)
+KOPF_HANDLER_FAILED = re.compile(r"failed (with an exception|temporarily|permanently)")
+
+
+def test_a_real_kube_apiserver_restart_is_survived(cluster, namespace, tmp_path):
+    """Fault: the kube-apiserver process itself is killed and started again with the same
+    flags (tests/cluster/apiserver.py: no proxy, etcd keeps the state), a few seconds with
+    nothing listening, every connection cut, watches and the Lease's included, while the
+    operator runs a 1-cell job; the spec is scaled to 2 once it is back. Expectation: the
+    operator lives and still leads (the chart's renew deadline, 10 s, outlasts the outage),
+    acts on the edit: 2/2, the first cell kept (same pod, restarts 0); no kopf handler or
+    daemon failed; the new process appends to the same audit log (the edit is in it), whose
+    invariants hold (checked after the test)."""
+    install_crd(cluster)
+    kube = Kube(cluster, namespace)
+    op = OperatorProcess(cluster, namespace, tmp_path, identity="op-a", extra_args=CHART_LEASE)
+    try:
+        kube.apply(make_rljob("phoenix", replicas=1))
+        wait_for(lambda: converged(kube, "phoenix", 1), 120, what="1/1 before the restart")
+        pods = live_engine_pods(kube, "phoenix")
+        restart = restart_apiserver(cluster)
+        scale(cluster, namespace, "phoenix", 2)
+        wait_for(lambda: converged(kube, "phoenix", 2), 120, what="2/2 after the kube-apiserver restart")
+        assert set(pods) <= set(live_engine_pods(kube, "phoenix"))
+        assert cell_restarts(kube, "phoenix") == {"phoenix-cell-0": 0, "phoenix-cell-1": 0}
+        assert op.proc.poll() is None and op.is_leader(), "the operator died or leads no more:\n" + op.log_tail()
+        failed = [line for line in op.log_path.read_text().splitlines() if KOPF_HANDLER_FAILED.search(line)]
+        assert not failed, "\n".join(failed)
+        edits = [e for e in history.read(history.audit_log(cluster), namespace)
+                 if e.verb == "patch" and e.resource == "rljobs" and not e.subresource and e.agent.startswith("kubectl")]  # fmt: skip
+        assert len(edits) == 1 and edits[0].ok, f"the scale after the restart (down {restart.down_s:.1f} s) is not in the audit log"
+    finally:
+        op.stop()
+        release_rljobs(cluster, namespace)
 
 
 RELIST = ("--relist", "2")  # the operator's one LIST of RLJobs, every 2 s here (30 s by default)

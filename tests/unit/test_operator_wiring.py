@@ -1,5 +1,6 @@
 """How the operator process wires its shared parts: the engine-pod watch into the pod cache, the
-API client's connection pool sized to its threads."""
+RLJob watch into the relist's record of delivered events, the API client's connection pool
+sized to its threads."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 import yaml
 from rljob_operator import handlers
 from rljob_operator import labels as L
+from rljob_operator.delivered import Delivered
 from rljob_operator.kubeapi import load_api_client
 from rljob_operator.pod_cache import EnginePodCache
 
@@ -17,6 +19,7 @@ class Memo:
     def __init__(self) -> None:
         self.pods = EnginePodCache()
         self.runtimes: dict[tuple[str, str], Any] = {}
+        self.delivered: dict[tuple[str, str], Delivered] = {}
 
 
 def engine_pod(name: str, rv: int) -> dict[str, Any]:
@@ -43,6 +46,16 @@ async def test_the_engine_pod_watch_fills_the_shared_cache_and_deletions_leave_i
         type="DELETED", body=engine_pod("j-cell-0-g0-0", 5), namespace="rl", memo=memo
     )
     assert [p["metadata"]["name"] for p in memo.pods.pods("rl", "j")] == ["j-cell-1-g0-0"]
+
+
+async def test_every_rljob_event_is_recorded_for_the_relist_before_its_daemon_runs() -> None:
+    """The relist tells a slow daemon spawn from a lost event by this record (relist.plan)."""
+    memo = Memo()
+    job = {"metadata": {"name": "j", "namespace": "rl", "uid": "u1", "resourceVersion": "3"}, "spec": {}}
+    await handlers.wake_rljob(type=None, name="j", namespace="rl", body=job, memo=memo)  # no runtime yet
+    assert memo.delivered == {("rl", "j"): Delivered(uid="u1", deleting=False)}
+    await handlers.wake_rljob(type="DELETED", name="j", namespace="rl", body=job, memo=memo)
+    assert memo.delivered == {}
 
 
 def test_the_api_client_keeps_as_many_connections_as_its_pool_has_threads(tmp_path: Path) -> None:
