@@ -463,12 +463,15 @@ class InferenceController:
                     if (current.generation, current.endpoint) != (generation, endpoint):
                         return  # the cell was recreated or moved: the next pass probes the new engine
                     verdict = self._apply_probe(current, outcome)
-                    await self.fleet.sync_serving(current)
-                    if not answered.done():
-                        answered.set_result(None)
-                    if verdict is not Verdict.failing or not self.health.wants_probe(current):
-                        return
-                    wait = self.health.seconds_until_due(current.name)
+                    label = self.fleet.start_serving_sync(current)
+                    again = verdict is Verdict.failing and self.health.wants_probe(current)
+                    wait = self.health.seconds_until_due(current.name) if again else 0.0
+                if label is not None:  # outside the mutex: a job's cells are labelled at once, not in turn
+                    await asyncio.shield(label)
+                if not answered.done():
+                    answered.set_result(None)
+                if not again:
+                    return
                 self._probe_deadline[cell.name] = self.clock.now() + wait + self.spec.health_check.timeout_seconds
                 await self.clock.sleep(wait)
         except Exception:

@@ -70,7 +70,8 @@ class Fleet:
         # (probes, checkpoint loads) run outside it and re-check what they acted on.
         self.mutex = asyncio.Lock()
         self._clients: dict[str, EngineClient] = {}
-        self._serving_label: dict[str, bool] = {}  # last label the platform accepted
+        self._serving_label: dict[str, bool] = {}  # last label the platform accepted (or is being sent)
+        self._label_writes: dict[str, asyncio.Task[None]] = {}  # a cell's label write in flight
 
     # == membership ===========================================================================
 
@@ -188,15 +189,49 @@ class Fleet:
 
     async def sync_serving(self, cell: Cell) -> None:
         """Make the platform's serving label match the cell; a failure is retried by the next pass."""
+        write = self.start_serving_sync(cell)
+        if write is not None:
+            await asyncio.shield(write)  # a cancelled caller does not cancel a write others wait on
+
+    def start_serving_sync(self, cell: Cell) -> asyncio.Task[None] | None:
+        """Decide (under the mutex) whether the cell's label must change, and start the write; the
+        caller may leave the mutex before awaiting it. Each label PATCH used to be awaited under the
+        mutex, so a job's four cells, answering their probes together, became Serving one PATCH
+        after another (issue 13). One write per cell at a time, so two PATCHes of one cell never
+        race: a decision taken while one is out waits for it, and it re-checks the cell when done."""
+        running = self._label_writes.get(cell.name)
+        if running is not None:
+            return running
         want = self.should_serve(cell)
         if self._serving_label.get(cell.name) == want:
-            return
+            return None
+        self._serving_label[cell.name] = want
+        write = asyncio.ensure_future(self._write_serving(cell.name, want, cell.generation))
+        self._label_writes[cell.name] = write
+        return write
+
+    async def _write_serving(self, name: str, want: bool, generation: int) -> None:
+        """Send the label, then re-check the cell: what it should be now (it may have changed, or
+        been recreated, while the call was out) is sent next, until the label is current."""
         try:
-            await call_within(self.clock, self.platform.set_serving(cell.name, want), self.call_timeout)
-            self._serving_label[cell.name] = want
-        except Exception as exc:
-            self._serving_label.pop(cell.name, None)
-            log.warning("set_serving(%s, %s) failed: %s", cell.name, want, exc)
+            while True:
+                try:
+                    await call_within(self.clock, self.platform.set_serving(name, want), self.call_timeout)
+                except Exception as exc:
+                    cell = self.get(name)
+                    if self._serving_label.get(name) == want and cell is not None and cell.generation == generation:
+                        self._serving_label.pop(name, None)  # unknown: the next sync writes it again
+                    log.warning("set_serving(%s, %s) failed: %s", name, want, exc)
+                    return
+                cell = self.get(name)
+                if cell is None:
+                    return
+                want, generation = self.should_serve(cell), cell.generation
+                if self._serving_label.get(name) == want:
+                    return
+                self._serving_label[name] = want
+        finally:
+            del self._label_writes[name]
 
     # == engine clients =======================================================================
 

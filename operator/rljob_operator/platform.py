@@ -145,11 +145,11 @@ class KubernetesPlatform:
         self._job_list_version = 0  # the last LIST of all the job's pods
         self._listed_at = float("-inf")
         self.last_leftovers: tuple[str, ...] = ()
-        # Each cell's live pods as the last observe_cells saw them, so that set_serving patches them
-        # without a list of its own (an offload relabels every cell at once: one list per cell made
-        # it an API round trip more per cell). A cell is labelled serving only after a pass observed
+        # Each cell's live head pod (the serving label's only carrier) as the last observe_cells saw
+        # it, so that set_serving patches it without a list of its own (an offload relabels every
+        # cell at once: one list per cell made it an API round trip more per cell). A cell is labelled serving only after a pass observed
         # its pods running, so a cell's entry is never older than the pods it must label.
-        self._live_pods: dict[str, tuple[str, ...]] = {}
+        self._live_heads: dict[str, tuple[str, ...]] = {}
         self._list_version = 0  # the newest pod LIST seen: an older answer is refused
 
     @property
@@ -222,7 +222,7 @@ class KubernetesPlatform:
         async def create(pod: dict[str, Any]) -> None:
             await self.kube.call("POST", self._pods_path(), body=pod, ok=(409,))
 
-        self._live_pods.pop(request.name, None)  # new pods: set_serving lists them until observed
+        self._live_heads.pop(request.name, None)  # new pods: set_serving lists them until observed
         pods = engine_pods(self._job, request)
         if self._expected is not None:
             for p in pods:
@@ -234,7 +234,7 @@ class KubernetesPlatform:
         await self.kube.call("DELETE", self._pods_path(name), ok=(404,))
 
     async def delete_cell(self, name: str) -> None:
-        self._live_pods.pop(name, None)
+        self._live_heads.pop(name, None)
         pods = await self._list_pods(L.cell_selector(self._job.name, name))
         names = [p["metadata"]["name"] for p in pods if not p["metadata"].get("deletionTimestamp")]
         self._gone(names)
@@ -263,9 +263,13 @@ class KubernetesPlatform:
             ]
             if all(p["metadata"].get("deletionTimestamp") for p in current):
                 continue
-            live[name] = tuple(p["metadata"]["name"] for p in current if not p["metadata"].get("deletionTimestamp"))
+            live[name] = tuple(
+                p["metadata"]["name"]
+                for p in current
+                if _int_label(p, L.POD_INDEX) == 0 and not p["metadata"].get("deletionTimestamp")
+            )
             cells.append(self._observe_cell(name, newest, current))
-        self._live_pods = live
+        self._live_heads = live
         self.last_leftovers = tuple(sorted(leftovers))
         if leftovers:
             log.info("deleting pods of superseded cell generations: %s", ", ".join(self.last_leftovers))
@@ -292,9 +296,9 @@ class KubernetesPlatform:
         )
 
     async def set_serving(self, name: str, serving: bool) -> None:
-        names = self._live_pods.get(name)
+        names = self._live_heads.get(name)
         if names is None:  # not observed yet (or gone since): ask the API server
-            pods = await self._list_pods(L.cell_selector(self._job.name, name))
+            pods = await self._list_pods(L.cell_head_selector(self._job.name, name))
             names = tuple(p["metadata"]["name"] for p in pods if not p["metadata"].get("deletionTimestamp"))
         patch = {"metadata": {"labels": {L.SERVING: "true" if serving else "false"}}}
 

@@ -803,6 +803,43 @@ async def test_offload_relabels_every_cell_at_once() -> None:
     assert [h.platform.serving[f"demo-cell-{i}"] for i in range(3)] == [False] * 3
 
 
+async def test_probes_label_a_jobs_cells_serving_at_once_not_under_the_mutex_in_turn() -> None:
+    """Cells answering their probes together are labelled serving together: each label PATCH was
+    awaited under the fleet's mutex, so a job's cells became Serving one API call after another
+    (issue 13: at 100 jobs, ~20 s apart)."""
+    platform = GatedLabelPlatform()
+    h = harness(3, platform=platform, serve_initial_weights=True)
+    for _ in range(2):
+        await h.ctrl.reconcile()
+    assert h.states() == [S.Starting] * 3
+    await all_in_flight_at_once(platform, h.ctrl.probe_health(), 3)
+    assert h.states() == [S.Serving] * 3
+    assert h.platform.serving == {f"demo-cell-{i}": True for i in range(3)}
+
+
+async def test_a_label_that_changed_while_its_write_was_out_is_written_next() -> None:
+    """A cell's label write is made outside the mutex; a change of the cell meanwhile (here: it
+    stops serving) is written after it, never in a second PATCH racing the first."""
+    platform = GatedLabelPlatform()
+    h = harness(1, platform=platform, serve_initial_weights=True)
+    for _ in range(2):
+        await h.ctrl.reconcile()
+    platform.gate.clear()
+    probing = asyncio.ensure_future(h.ctrl.probe_health())
+    for _ in range(100):
+        if platform.in_flight:
+            break
+        await asyncio.sleep(0)
+    assert platform.in_flight == 1 and h.states() == [S.Serving]
+    offload = asyncio.ensure_future(h.ctrl.offload([MemoryTag.weights]))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert platform.most == 1  # the offload's label change waits for the write that is out
+    platform.gate.set()
+    await asyncio.gather(probing, offload)
+    assert platform.most == 1 and h.platform.serving == {"demo-cell-0": False}
+
+
 class HangingPlatform(FakePlatform):
     """A platform whose observe_cells never answers while `hang` is set."""
 
