@@ -19,32 +19,21 @@ purpose per job fails this test). Once in five runs two of the operator's own lo
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import time
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
 from tests.cluster.waiting import wait_for
 from tests.integration.operator_harness import Kube, control_rbac, install_crd, make_rljob, release_rljobs
+from tests.reliability.test_soak_smoke import load_soak
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 JOB = "leak-j"
 JOBS_AFTER_WARMUP = 4  # a leak of one per job: +4 over the floor
 FLOOR_SECONDS = 12.0  # longer than a deleted job's tasks take to end (~6 s)
 SCRAPE_SECONDS = 0.5
-
-
-def load_soak() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("soak", REPO_ROOT / "bench" / "soak.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["soak"] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
 
 
 def one_job_life(soak: Any) -> None:
