@@ -20,7 +20,6 @@ purpose per job fails this test). Once in five runs two of the operator's own lo
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,7 +28,6 @@ from tests.cluster.waiting import wait_for
 from tests.integration.operator_harness import Kube, control_rbac, install_crd, make_rljob, release_rljobs
 from tests.reliability.test_soak_smoke import load_soak
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 JOB = "leak-j"
 JOBS_AFTER_WARMUP = 4  # a leak of one per job: +4 over the floor
 FLOOR_SECONDS = 12.0  # longer than a deleted job's tasks take to end (~6 s)
