@@ -26,12 +26,15 @@ from rljob_operator import labels as L
 _KEPT_METADATA = ("name", "namespace", "labels", "annotations", "deletionTimestamp", "resourceVersion", "uid")
 
 
-def pod_version(pod: Mapping[str, Any]) -> int:
-    """A pod's resourceVersion as a number (etcd's revision); -1 when it is not one."""
+def object_version(obj: Mapping[str, Any]) -> int:
+    """An object's resourceVersion as a number (etcd's revision); -1 when it is not one."""
     try:
-        return int(str((pod.get("metadata") or {}).get("resourceVersion")))
+        return int(str((obj.get("metadata") or {}).get("resourceVersion")))
     except (TypeError, ValueError):
         return -1
+
+
+pod_version = object_version  # the name the pod watch's readers use
 
 
 def slim_pod(pod: Mapping[str, Any]) -> dict[str, Any]:

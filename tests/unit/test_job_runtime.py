@@ -3,6 +3,7 @@ tests/integration/test_operator*.py run the same code against a real API server.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from typing import Any
 
@@ -28,6 +29,8 @@ class FakeKube:
         self.stored: dict[str, dict[str, Any]] = {}  # applied children as the API server keeps them
         self.reads: list[str] = []
         self.platform: FakePlatform | None = None
+        self.fresh: dict[str, Any] | None = None  # what a GET of the RLJob answers (None: `body`)
+        self.rljob_gets = 0
 
     async def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
         self.applied.append(obj)
@@ -69,11 +72,25 @@ class FakeKube:
     async def get_job(self, ns: str, name: str) -> dict[str, Any] | None:
         return None
 
+    async def get_rljob(self, ns: str, name: str) -> dict[str, Any] | None:
+        self.rljob_gets += 1
+        return copy.deepcopy(self.fresh if self.fresh is not None else self.body)
+
     async def count_pods(self, ns: str, selector: str) -> int:
         return len(self.platform.cells) if self.platform else 0
 
     async def delete_rljob(self, ns: str, name: str, uid: str | None = None) -> None:
         self.deleted.append(name)
+
+
+class NeverStopped:
+    """kopf's DaemonStopped as long as nobody stops the daemon."""
+
+    def __bool__(self) -> bool:
+        return False
+
+    async def wait(self) -> None:
+        await asyncio.Event().wait()
 
 
 def rljob(replicas: int = 2, **spec: Any) -> dict[str, Any]:
@@ -148,6 +165,42 @@ async def test_a_new_runtime_restores_cells_and_the_open_lock_from_status():
     await rt2.controller.end_update_weights(window.snapshot, weight_version="2")
     await rt2.publish("end")
     assert body["status"]["weightVersion"] == "2" and "lock" not in body["status"]
+
+
+async def test_a_restart_handed_a_stale_rljob_acts_on_the_stored_spec_and_status():
+    """kopf's start-up LIST may come from a lagging cache: the restarted runtime's body is the job
+    at generation 1 (1 replica, no status) while it is stored at generation 2 (2 replicas)
+    with a weight version. The first pass reads the RLJob afresh: no cell is deleted, the
+    weight version and observedGeneration are kept."""
+    clock, platform, body = FakeClock(), FakePlatform(), rljob(replicas=1)
+    stale = copy.deepcopy(body) | {"metadata": {**body["metadata"], "resourceVersion": "5"}}
+    rt, _, _ = runtime(body, platform, clock)
+    await settle(rt)
+    body["spec"]["inference"]["replicas"] = 2
+    body["metadata"]["generation"] = 2
+    await settle(rt)
+    window = await rt.controller.start_update_weights("trainer-0")
+    await rt.controller.end_update_weights(window.snapshot, weight_version="7")
+    await rt.publish("end")
+    body["metadata"]["resourceVersion"] = "40"
+    assert len(platform.cells) == 2 and body["status"]["weightVersion"] == "7"
+    cells = dict(platform.cells)
+
+    rt2, kube2, _ = runtime(stale, platform, clock)  # restarted, handed the old body
+    kube2.fresh = body
+    await settle(rt2)
+    assert platform.cells == cells and platform.deleted == []
+    assert kube2.rljob_gets == 1  # once, before the first pass acts, not every pass
+    assert rt2.stored_status["weightVersion"] == "7" and rt2.stored_status["observedGeneration"] == 2
+    assert rt2.stored_status["ready"] == "2/2"
+
+
+async def test_a_runtime_whose_rljob_is_gone_at_start_ends_without_acting():
+    clock, platform, body = FakeClock(), FakePlatform(), rljob()
+    rt, kube, applied = runtime(body, platform, clock)
+    kube.fresh = {"metadata": {**body["metadata"], "uid": "u-2"}, "spec": body["spec"]}  # a namesake
+    await asyncio.wait_for(rt.run(NeverStopped()), 10)  # returns: the loop ended on its own
+    assert platform.created == [] and applied == [] and kube.patches == []
 
 
 async def test_replicas_change_is_reconciled_live():

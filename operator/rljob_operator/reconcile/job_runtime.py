@@ -29,6 +29,7 @@ from controller_runtime.events import Reason
 from controller_runtime.ports import EngineClientFactory, Platform
 from rljob_operator.event_recorder import EventRecorder, EventSink
 from rljob_operator.metrics import Metrics
+from rljob_operator.pod_cache import object_version
 from rljob_operator.reconcile import children, lifecycle, queueing
 from rljob_operator.reconcile.context import JobContext, JobKube, involved_object
 from rljob_operator.reconcile.delete import release_job
@@ -128,6 +129,7 @@ class JobRuntime:
         self._errors = 0
         self._last_error = ""
         self._pass_key: tuple[Any, ...] | None = None  # wake_key of the body the last pass started from
+        self._confirmed = False  # the RLJob was read afresh (`confirm_body`) before a pass acted on it
 
     # ---------------------------------------------------------------- views
     @property
@@ -146,6 +148,26 @@ class JobRuntime:
         self._listed = body
         if _generation(body) > _generation(self.watched) and wake_key(body) != self._pass_key:
             self.poke()
+
+    async def confirm_body(self) -> None:
+        """Read the RLJob once, with a quorum GET, before the first pass acts on kopf's body.
+
+        kopf's first body comes from its LIST at start-up. A LIST answered from a lagging cache
+        hands a restarted operator a spec older than the one its cells serve, and a status older
+        than the restart counts and weight version the controller is restored from; acted on,
+        the old spec scales the fleet back down and the old status forgets restarts. kopf's watch
+        then replays what it missed, but the first pass may run before it does. One GET per job
+        start closes that gap (the periodic relist comes only after its period): the spec is the
+        newer of the two by generation, the status the newer by resourceVersion.
+        """
+        fresh = await self.job.kube.get_rljob(self.namespace, self.name)
+        self._confirmed = True
+        if fresh is None or (self.job.uid and (fresh.get("metadata") or {}).get("uid") != self.job.uid):
+            self.end()  # gone, or replaced by a namesake: kopf's deletion event ends us too
+            return
+        if object_version(fresh) > object_version(self.watched):
+            self.status.stored = dict(fresh.get("status") or {})
+        self.observe_listed(fresh)
 
     def end(self) -> None:
         """The RLJob is gone and kopf missed it: the loop ends (and releases the job)."""
@@ -292,6 +314,11 @@ class JobRuntime:
         self._pass_key = wake_key(self.body)
         step = "pass"
         try:
+            if not self._confirmed:
+                step = "read"
+                await self.confirm_body()
+                if self._ended:
+                    return MIN_PASS_SECONDS
             step = "queue"
             await self.ask_kueue()
             step = "pass"
