@@ -51,7 +51,7 @@ from controller_runtime.audit import AuditWriter
 from controller_runtime.cells import LOADED, UPDATABLE, Cell
 from controller_runtime.clock import Clock, RealClock, iso, sleep_or_stop
 from controller_runtime.deadline import call_within
-from controller_runtime.errors import LockHeld, WeightCheckMismatch
+from controller_runtime.errors import EngineUnavailable, LockHeld, WeightCheckMismatch
 from controller_runtime.evalfleet import EvalCells, eval_replicas
 from controller_runtime.evalpin import EvalFleet
 from controller_runtime.events import ControllerEvent, Reason
@@ -74,6 +74,7 @@ from controller_runtime.window import (
     UpdateWindow,
     cells_to_serve,
     cells_to_stop,
+    dead_at_abort,
     take_snapshot,
     window_engines,
 )
@@ -81,6 +82,8 @@ from controller_runtime.window import (
 __all__ = ["PAUSE_OFFLOAD", "PAUSE_WINDOW", "InferenceController", "MemoryChange"]
 
 log = logging.getLogger(__name__)
+
+ABORT_EVIDENCE_SECONDS = 5.0  # how long an abort looks for proof that a participant died
 
 PAUSE_WINDOW = "window"  # the health monitor's pause reason while an update window is open
 MIN_WAIT_SECONDS = 0.05  # between passes of `run`: a pass that wants to run again at once still yields
@@ -326,10 +329,8 @@ class InferenceController:
             await self.fleet.drop_client(cell.endpoint)
             cell.endpoint = obs.endpoint
         if obs.any_failed or obs.restarts > cell.pod_restarts:
-            dead = [f"{p.name} {p.phase} (restarts {p.restarts})" for p in obs.pods
-                    if p.phase in ("Failed", "Succeeded", "Unknown") or p.restarts]
             cell.pod_restarts = obs.restarts
-            self._mark_unhealthy(cell, "pod failed or restarted: " + ", ".join(dead))
+            self._mark_unhealthy(cell, "pod failed or restarted: " + obs.failures())
             return
         cell.pod_restarts = obs.restarts
         scheduled = sum(1 for p in obs.pods if p.node)
@@ -703,7 +704,13 @@ class InferenceController:
         stopped: list[str] = []
         failures: list[str] = []
         try:
-            for cell in cells_to_stop(self.fleet.cells.values(), lock.snapshot):
+            to_stop = cells_to_stop(self.fleet.cells.values(), lock.snapshot)
+            dead = dead_at_abort(to_stop, *await self._death_evidence(to_stop))
+            for cell in to_stop:
+                if cell.name in dead:  # healed like any dead cell once the lock is released: charged
+                    self._mark_unhealthy(cell, f"{dead[cell.name]} (found as {why})")
+                    stopped.append(cell.name)
+                    continue
                 self.fleet.move(cell, S.Unhealthy, f"stopped: {why}", reason=reason, warning=True)
                 old_generation, old_endpoint = cell.generation, cell.endpoint
                 try:
@@ -724,6 +731,35 @@ class InferenceController:
                    + (f"; stopping failed for {failures} (retried by reconcile)" if failures else ""),
                    warning=True, outcome=outcome)
         return stopped
+
+    async def _death_evidence(
+        self, cells: Sequence[Cell]
+    ) -> tuple[dict[str, CellObservation] | None, dict[str, str]]:
+        """What `dead_at_abort` judges from: the platform's cells (None when that read fails) and
+        the engines that refuse a health probe, read at once and bounded by a few seconds, so
+        that an abort (which must release the lock) never waits long on a hung engine or a slow
+        API server: a refusal is immediate, and what is not known in time counts as alive."""
+        timeout = min(self.spec.health_check.timeout_seconds, ABORT_EVIDENCE_SECONDS)
+
+        async def observe() -> dict[str, CellObservation] | None:
+            try:
+                return {o.name: o for o in await call_within(self.clock, self.platform.observe_cells(), timeout)}
+            except Exception:
+                return None
+
+        async def refused(cell: Cell) -> str | None:
+            try:
+                await call_within(self.clock, self.fleet.client(cell).health(), timeout)
+            except EngineUnavailable as exc:
+                return f"its engine is unreachable: {exc}"
+            except Exception:
+                return None  # slow or odd, not proven dead
+            return None
+
+        probed = [c for c in cells if c.endpoint and c.state is not S.Offloaded]
+        observing = asyncio.ensure_future(observe())
+        answers = await asyncio.gather(*(refused(c) for c in probed))
+        return await observing, {c.name: a for c, a in zip(probed, answers, strict=True) if a is not None}
 
     async def _expire_lock_if_due(self) -> tuple[WindowLock, list[str]] | None:
         """Abort the open window if it is past its expiry; returns it and the cells stopped."""

@@ -56,6 +56,11 @@ class CellObservation:
     def restarts(self) -> int:
         return sum(p.restarts for p in self.pods)
 
+    def failures(self) -> str:
+        """Its failed or restarted pods, as a cell's status message names them."""
+        return ", ".join(f"{p.name} {p.phase} (restarts {p.restarts})" for p in self.pods
+                         if p.phase in ("Failed", "Succeeded", "Unknown") or p.restarts)  # fmt: skip
+
 
 class CellRole(StrEnum):
     """Which of the job's fleets a cell belongs to (see `fleet.Fleet`)."""

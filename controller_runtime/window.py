@@ -15,6 +15,7 @@ from typing import Any
 from controller_runtime.api.status import LockStatus
 from controller_runtime.cells import LOADED, UPDATABLE, Cell
 from controller_runtime.errors import ControllerError
+from controller_runtime.ports import CellObservation
 
 
 class NoReadyEngines(ControllerError):
@@ -111,3 +112,33 @@ def cells_to_serve(cells: Iterable[Cell], snapshot: Mapping[str, int]) -> list[C
 def cells_to_stop(cells: Iterable[Cell], snapshot: Mapping[str, int]) -> list[Cell]:
     """abort: participants that may hold half-updated weights (already Unhealthy ones heal anyway)."""
     return [c for c in cells if is_participant(c, snapshot) and c.state in LOADED]
+
+
+def dead_at_abort(
+    cells: Iterable[Cell],
+    observed: Mapping[str, CellObservation] | None,
+    unreachable: Mapping[str, str],
+) -> dict[str, str]:
+    """abort: the stopped cells whose engine is known dead, and why.
+
+    An abort recreates its participants uncharged: they may hold half-updated weights, which is
+    the window's fault, not theirs. A participant that died inside the window (a step takes
+    seconds, a window a fraction of one, so a crash lands there often) is another matter: left
+    uncharged, an engine that crashes in every window would be recreated forever, out of its
+    restart budget's reach. Only conclusive evidence counts: its pods failed, restarted or gone
+    (`observed`: the platform's cells, None when that read failed), or nothing listening on its
+    port (`unreachable`: a refused probe). A slow answer is not conclusive (an engine loading
+    weights may be slow) and leaves the cell uncharged.
+    """
+    dead: dict[str, str] = {}
+    for cell in cells:
+        obs = None if observed is None else observed.get(cell.name)
+        if observed is not None and (obs is None or obs.generation < cell.generation):
+            dead[cell.name] = "the cell's pods are gone"
+        elif obs is not None and obs.generation == cell.generation and (
+            obs.any_failed or obs.restarts > cell.pod_restarts
+        ):
+            dead[cell.name] = "pod failed or restarted: " + obs.failures()
+        elif cell.name in unreachable:
+            dead[cell.name] = unreachable[cell.name]
+    return dead

@@ -307,6 +307,43 @@ async def test_abort_stops_unchanged_participants_without_charging_the_budget() 
     assert h.states() == [S.PendingWeights, S.PendingWeights]
 
 
+async def test_an_engine_that_died_inside_a_window_is_charged_when_the_window_is_aborted() -> None:
+    """An engine killed inside a window fails the trainer's update, which aborts. The abort must
+    not recreate the dead cell uncharged like the others: an engine that crashed in every window
+    would never reach its restart budget. Proof of death: nothing listens on its port (cell 0)
+    or its pod failed (cell 2); cell 1, alive, is stopped uncharged as before."""
+    h = harness(3)
+    await bring_up(h)
+    window = await h.ctrl.start_update_weights("t")
+    h.engine(0).healthy = False  # connection refused
+    h.platform.fail_pod("demo-cell-2")
+    stopped = await h.ctrl.abort_update_weights(window.snapshot)
+    assert stopped == ["demo-cell-0", "demo-cell-1", "demo-cell-2"]
+    assert h.ctrl.lock.current is None
+    assert (h.cell(1).generation, h.cell(1).state, h.cell(1).restarts) == (1, S.Pending, 0)
+    assert [h.cell(i).state for i in (0, 2)] == [S.Unhealthy, S.Unhealthy]
+    assert "unreachable" in h.cell(0).message and "pod failed" in h.cell(2).message
+    await h.clock.advance(5)  # the restart backoff
+    await bring_up(h)
+    assert [(h.cell(i).generation, h.cell(i).restarts) for i in (0, 2)] == [(1, 1), (1, 1)]
+    replaced = [e.cell for e in h.events if e.reason == Reason.CellReplaced]
+    assert sorted(replaced) == ["demo-cell-0", "demo-cell-2"]
+
+
+async def test_a_hung_engine_at_abort_is_not_proof_of_death_and_the_abort_is_bounded() -> None:
+    h = harness(1)
+    await bring_up(h)
+    window = await h.ctrl.start_update_weights("t")
+    h.engine(0).hang = True
+    aborting = asyncio.ensure_future(h.ctrl.abort_update_weights(window.snapshot))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert not aborting.done()
+    await h.clock.advance(5)  # ABORT_EVIDENCE_SECONDS
+    assert await asyncio.wait_for(aborting, 5) == ["demo-cell-0"]
+    assert (h.cell(0).generation, h.cell(0).state, h.cell(0).restarts) == (1, S.Pending, 0)
+
+
 async def test_abort_releases_the_lock_even_if_stopping_fails() -> None:
     h = harness(2)
     await bring_up(h)
