@@ -27,6 +27,7 @@ from controller_runtime.clock import Clock, RealClock
 from controller_runtime.controller import InferenceController
 from controller_runtime.events import Reason
 from controller_runtime.ports import EngineClientFactory, Platform
+from rljob_operator.api_pool import in_pass
 from rljob_operator.event_recorder import EventRecorder, EventSink
 from rljob_operator.metrics import Metrics
 from rljob_operator.pod_cache import object_version
@@ -311,6 +312,12 @@ class JobRuntime:
         if not self.acting():
             return self.resync_seconds
         started = time.perf_counter()
+        # Every Kubernetes call of this pass (its sub-tasks' too) queues by when it started: ahead of
+        # later passes', so that a busy pool finishes the passes it began (`api_pool`).
+        with in_pass(started):
+            return await self._run_pass(started)
+
+    async def _run_pass(self, started: float) -> float:
         self._pass_key = wake_key(self.body)
         step = "pass"
         try:
