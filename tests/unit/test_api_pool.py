@@ -166,8 +166,6 @@ async def test_every_call_of_a_pass_and_of_the_tasks_it_gathers_carries_its_star
     await rt.run_pass()
     assert len(seen) >= 2 and None not in seen and len(set(seen)) == 1
     assert PASS_STARTED.get() is None  # and the mark ends with the pass
-    await rt.run_pass()
-    assert len(set(seen)) == 2  # a new pass, a new (later) start
 
 
 def test_queue_order_outside_passes_first_then_by_pass_start_then_arrival():
@@ -213,3 +211,44 @@ def test_the_pool_compacts_cancelled_calls_and_cancels_the_queue_on_shutdown():
     assert live.cancelled() and tail.cancelled()
     with pytest.raises(RuntimeError):
         pool.submit(lambda: None, OUTSIDE_PASSES)
+
+
+async def test_a_converging_job_keeps_the_rank_of_the_pass_that_began_its_work():
+    """A job becomes ready over several passes (create the pods; see them run, label the cells;
+    write the status). At 1,000 RLJobs every job's first pass starts together, and ranking each
+    pass by its own start put every job's second pass behind all the others' first passes: no
+    cell was labelled Serving until nearly the whole fleet's pods were created. While its cells
+    wait for pods, a job's passes keep the rank it began with; once settled, a pass ranks anew."""
+    body, platform, clock = rljob(), FakePlatform(), FakeClock()
+    kube = FakeKube(body)
+    kube.platform = platform
+    rt = JobRuntime(body=body, kube=kube, platform=platform, registry=JobRegistry(), metrics=Metrics(),
+                    controller_url="http://op:8080", resync_seconds=5, clock=clock, engines=FakeEngines())
+    ranks: list[tuple[float | None, float]] = []
+    inner = rt._run_pass
+
+    async def spy(started: float) -> float:
+        ranks.append((PASS_STARTED.get(), started))
+        return await inner(started)
+
+    rt._run_pass = spy  # type: ignore[method-assign]
+    await rt.run_pass()  # creates the pods: the cells wait for them
+    assert rt.controller is not None and any(c.state.name == "Pending" for c in rt.controller.fleet.all())
+    await rt.run_pass()  # sees them run: Serving
+    assert all(c.state.name == "Serving" for c in rt.controller.fleet.all())
+    await rt.run_pass()  # settled: a pass of its own
+    (r0, s0), (r1, s1), (r2, s2) = ranks
+    assert r0 == s0 and r1 == s0 < s1, "the second pass continues the first one's work"
+    assert r2 == s2 > s1, "a settled job's next pass queues as new work"
+
+
+def test_a_job_converging_too_long_queues_as_a_new_pass_again():
+    """An engine that never comes up must not keep its job at the front of the queue for good."""
+    from rljob_operator.reconcile.job_runtime import CONVERGING_RANK_SECONDS
+
+    rt = JobRuntime(body=rljob(), kube=FakeKube(rljob()), platform=FakePlatform(), registry=JobRegistry(),
+                    metrics=Metrics(), controller_url="http://op:8080", resync_seconds=5, clock=FakeClock(),
+                    engines=FakeEngines())
+    rt._working_since = 100.0
+    assert rt.queue_rank(100.0 + CONVERGING_RANK_SECONDS) == 100.0
+    assert rt.queue_rank(100.0 + CONVERGING_RANK_SECONDS + 1) == 100.0 + CONVERGING_RANK_SECONDS + 1
