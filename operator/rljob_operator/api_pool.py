@@ -13,11 +13,13 @@ So the queue is ordered by who asked, not by when:
    and its status writes, the relist): first, in arrival order. They are few and each is on
    someone's critical path (a standby takes over when the Lease is not renewed; a trainer waits
    on its control call);
-2. calls of a pass, ordered by when their pass started (`in_pass`), then arrival order. A pass
-   that has started is served before passes that started after it, so the oldest passes finish
-   within their bound and a flood of new passes waits its turn instead of making every pass
-   late. A pass that timed out anyway is retried as a new pass, at the back; its queued calls
-   were cancelled with it and are dropped, never sent.
+2. calls of a pass, ordered by the pass's rank (`in_pass`), then arrival order. The rank is when
+   the pass started, or, while its job is still converging (cells waiting for pods), when the
+   pass that began that work started (`JobRuntime.queue_rank`): a job becomes ready over a few
+   passes, and each of them ranks as its first. Work that has started is served before work
+   that started after it, so the oldest passes finish within their bound and a flood of new
+   passes waits its turn instead of making every pass late. Calls of a pass that timed out
+   anyway were cancelled with it and are dropped, never sent.
 
 The rank travels in a context variable set by `JobRuntime.run_pass`, so it reaches every call
 of the pass, those of sub-tasks it gathers or spawns included (asyncio copies the context into
@@ -41,7 +43,7 @@ from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
-# When the pass that is running started (a monotonic clock reading); None outside passes.
+# The running pass's rank: when the work it continues started (a perf_counter reading); None outside passes.
 PASS_STARTED: ContextVar[float | None] = ContextVar("rljob_pass_started", default=None)
 
 Rank = tuple[int, float]

@@ -150,10 +150,6 @@ class KubeApi:
     def close(self) -> None:
         self._pool.shutdown()
 
-    def queued(self) -> int:
-        """Calls waiting for a thread of this object's pool."""
-        return self._pool.queued()
-
     # ---------------------------------------------------------------- the one request path
     def _request(
         self, method: str, path: str, query: Sequence[tuple[str, str]], body: Any, content_type: str | None
