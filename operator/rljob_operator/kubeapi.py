@@ -9,7 +9,10 @@ in-cluster auth, the test cluster's agent and fixtures use it too, and the opera
 is a handful of calls per reconcile pass, far from what a small thread pool cannot carry;
 `kubernetes_asyncio` would add a second client with its own config loading for no measurable
 gain. Every call runs on this object's own pool, so a slow API server never blocks the event
-loop that also serves probes and the controller API, and every request carries a timeout.
+loop that also serves probes and the controller API, and every request carries a timeout. The
+pool is not first in first out: a started pass's calls go ahead of later passes' calls, and calls
+made outside passes (Lease, access reviews, the controller API's status writes) ahead of all
+passes (`api_pool`: as one FIFO the pool livelocked at 1,000 RLJobs).
 Requests go through the client's generic `param_serialize` / `call_api` with plain dict bodies
 (no generated model classes): one code path serves pods, Services, Deployments, Jobs, Events,
 Leases, reviews and custom resources (RLJob, RayCluster) alike.
@@ -29,7 +32,6 @@ import functools
 import json
 import uuid
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
@@ -38,6 +40,7 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from controller_runtime.errors import ControllerError
+from rljob_operator.api_pool import PriorityPool, current_rank
 from rljob_operator.kinds import API_VERSION, KIND, PLURALS
 
 COMPONENT = "rljob-operator"  # Events' source and reporting component
@@ -142,10 +145,10 @@ class KubeApi:
     def __init__(self, api_client: client.ApiClient, threads: int = 8, request_timeout: float = 30.0) -> None:
         self.api_client = api_client
         self.request_timeout = request_timeout
-        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kubeapi")
+        self._pool = PriorityPool(threads, "kubeapi")
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool.shutdown()
 
     # ---------------------------------------------------------------- the one request path
     def _request(
@@ -184,12 +187,13 @@ class KubeApi:
         *,
         ok: tuple[int, ...] = (),
     ) -> dict[str, Any] | None:
-        """The response object; None when the status is one of `ok` (e.g. 404 for a delete)."""
-        loop = asyncio.get_running_loop()
+        """The response object; None when the status is one of `ok` (e.g. 404 for a delete).
+
+        Queued by the rank of the pass making it (`api_pool`); cancelling the caller (a pass that
+        timed out) withdraws a call no thread has taken yet."""
+        request = functools.partial(self._request, method, path, query, body, content_type)
         try:
-            return await loop.run_in_executor(
-                self._pool, functools.partial(self._request, method, path, query, body, content_type)
-            )
+            return await asyncio.wrap_future(self._pool.submit(request, current_rank()))
         except KubeApiError as e:
             if e.status in ok:
                 return None

@@ -27,13 +27,14 @@ from controller_runtime.clock import Clock, RealClock
 from controller_runtime.controller import InferenceController
 from controller_runtime.events import Reason
 from controller_runtime.ports import EngineClientFactory, Platform
+from rljob_operator.api_pool import in_pass
 from rljob_operator.event_recorder import EventRecorder, EventSink
 from rljob_operator.metrics import Metrics
 from rljob_operator.pod_cache import object_version
 from rljob_operator.reconcile import children, lifecycle, queueing
 from rljob_operator.reconcile.context import JobContext, JobKube, involved_object
 from rljob_operator.reconcile.delete import release_job
-from rljob_operator.reconcile.engines import WAITS_ON_PODS, EngineFleet, ensure_engines
+from rljob_operator.reconcile.engines import WAITS_ON_PODS, EngineFleet, ensure_engines, wants_a_pass
 from rljob_operator.reconcile.flow import Step, StepResult, run_steps
 from rljob_operator.reconcile.job_status import Observed, TrainerState
 from rljob_operator.reconcile.status_writer import StatusWriter
@@ -42,6 +43,8 @@ from rljob_operator.registry import JobRegistry
 log = logging.getLogger(__name__)
 
 MIN_PASS_SECONDS = 0.2
+# How long a converging job's passes keep the queue rank of the pass that began its work (`queue_rank`).
+CONVERGING_RANK_SECONDS = 1800.0
 ERROR_BACKOFF_MAX = 30.0
 
 
@@ -129,6 +132,7 @@ class JobRuntime:
         self._errors = 0
         self._last_error = ""
         self._pass_key: tuple[Any, ...] | None = None  # wake_key of the body the last pass started from
+        self._working_since: float | None = None  # queue rank of the work the passes continue (`queue_rank`)
         self._confirmed = False  # the RLJob was read afresh (`confirm_body`) before a pass acted on it
 
     # ---------------------------------------------------------------- views
@@ -311,6 +315,40 @@ class JobRuntime:
         if not self.acting():
             return self.resync_seconds
         started = time.perf_counter()
+        rank = self.queue_rank(started)
+        # Every Kubernetes call of this pass (its sub-tasks' too) queues by `rank`: ahead of later
+        # work's, so that a busy pool finishes the jobs it began (`api_pool`).
+        with in_pass(rank):
+            delay = await self._run_pass(started)
+        self._working_since = rank if self.converging() else None
+        return delay
+
+    def queue_rank(self, started: float) -> float:
+        """When the work this pass continues began: the first pass since the job last had nothing
+        to wait for, else this one (`started`).
+
+        Ranking each pass by its own start was not enough: a job needs several passes to become
+        ready (create its pods; see them run and label the cells Serving; write the status), and
+        at 1,000 RLJobs the first passes of every job start together. Each job's second pass then
+        ranked behind all the others' first passes, so no cell was labelled Serving until nearly
+        every pod of the fleet was created (label writes timed out at 120 s in the queue). A job
+        that is converging keeps the rank it began with, so jobs finish in the order they started.
+        A job converging for longer than `CONVERGING_RANK_SECONDS` (an engine that never comes
+        up) queues as a new pass again: it cannot hold the front of the queue for good."""
+        since = self._working_since
+        if since is None or started - since > CONVERGING_RANK_SECONDS:
+            return started
+        return since
+
+    def converging(self) -> bool:
+        """Whether the job has work a coming pass continues: a cell waits for its pods (or the
+        fleet is beyond its replicas), or a pass failed before the controller was built."""
+        ctl = self.fleet.controller
+        if ctl is None:
+            return self._errors > 0
+        return wants_a_pass(ctl)
+
+    async def _run_pass(self, started: float) -> float:
         self._pass_key = wake_key(self.body)
         step = "pass"
         try:

@@ -1,0 +1,254 @@
+"""The Kubernetes call pool's order: a started pass's calls ahead of later passes', calls made
+outside passes (the Lease, access reviews) ahead of all passes (issue 13: as one FIFO of 8 threads
+it livelocked at 1,000 RLJobs). The first two tests drive the real `KubeApi` on a fake REST client
+with one thread held busy while a backlog queues; they fail on the FIFO pool."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+from rljob_operator.api_pool import OUTSIDE_PASSES, PASS_STARTED, CallQueue, PriorityPool, in_pass, rank
+from rljob_operator.kubeapi import KubeApi, NotFound
+from rljob_operator.metrics import Metrics
+from rljob_operator.reconcile.job_runtime import JobRuntime
+from rljob_operator.registry import JobRegistry
+
+from controller_runtime.clock import FakeClock
+from controller_runtime.fakes import FakeEngines, FakePlatform
+from tests.unit.test_job_runtime import FakeKube, rljob
+
+
+class _Response:
+    def __init__(self, status: int = 200, data: bytes = b"{}") -> None:
+        self.status, self.data, self.reason = status, data, "OK" if status == 200 else "Not Found"
+
+    def read(self) -> None:
+        pass
+
+
+class GatedClient:
+    """The two methods of the official client that `KubeApi` uses. Records the order in which
+    requests reach the server; the request for `hold` blocks its thread until `release`."""
+
+    def __init__(self, hold: str) -> None:
+        self.hold = hold
+        self.served: list[str] = []
+        self.holding = threading.Event()
+        self.release = threading.Event()
+        self._lock = threading.Lock()
+
+    def param_serialize(self, *, method: str, resource_path: str, **_: Any) -> tuple[Any, ...]:
+        return method, resource_path, {}, None, []
+
+    def call_api(self, method: str, url: str, **_: Any) -> _Response:
+        with self._lock:
+            self.served.append(url)
+        if url == self.hold:
+            self.holding.set()
+            assert self.release.wait(10), "the test never released the held request"
+        if url.endswith("/missing"):
+            return _Response(404, b'{"message": "not found"}')
+        return _Response()
+
+
+async def hold_the_only_thread(kube: KubeApi, client: GatedClient) -> asyncio.Task[Any]:
+    """Start the held request (as pass 1.0) and wait until the pool's one thread is inside it."""
+    with in_pass(1.0):
+        held = asyncio.create_task(kube.call("GET", client.hold))
+    assert await asyncio.to_thread(client.holding.wait, 10)
+    return held
+
+
+def queue_in_order(*calls: tuple[float | None, str], kube: KubeApi) -> list[asyncio.Task[Any]]:
+    """Tasks making each call as the pass started at that time (None: outside passes), created in
+    this order; each submits its request in its first step, in creation order."""
+    tasks = []
+    for started, path in calls:
+        token = PASS_STARTED.set(started)
+        try:
+            tasks.append(asyncio.create_task(kube.call("GET", path)))
+        finally:
+            PASS_STARTED.reset(token)
+    return tasks
+
+
+async def test_a_started_pass_finishes_its_calls_before_a_flood_of_later_passes_calls():
+    """Pass 1.0 makes a call, then 50 passes start and queue theirs, then pass 1.0 makes its next
+    call: it is served next. On the FIFO pool it waited behind all 50, which at 1,000 jobs was
+    longer than the pass's 120 s bound: no pass finished."""
+    client = GatedClient(hold="/a/first")
+    kube = KubeApi(client, threads=1)  # type: ignore[arg-type]
+    try:
+        held = await hold_the_only_thread(kube, client)
+        flood = queue_in_order(*((2.0 + i, f"/b/{i}") for i in range(50)), kube=kube)
+        (second,) = queue_in_order((1.0, "/a/second"), kube=kube)
+        await asyncio.sleep(0)  # one loop turn: every task above runs its first step and queues its call
+        client.release.set()
+        await asyncio.gather(held, second, *flood)
+        assert client.served[:2] == ["/a/first", "/a/second"]
+        assert client.served[2:] == [f"/b/{i}" for i in range(50)]  # later passes: by their start
+    finally:
+        client.release.set()
+        kube.close()
+
+
+async def test_a_lease_call_is_served_ahead_of_a_backlog_of_passes_calls():
+    """A call made outside any pass (the Lease renewal, a controller API access review) goes
+    ahead of every queued pass call: a standby takes over when the Lease is not renewed."""
+    client = GatedClient(hold="/a/first")
+    kube = KubeApi(client, threads=1)  # type: ignore[arg-type]
+    try:
+        held = await hold_the_only_thread(kube, client)
+        backlog = queue_in_order(*((1.0 + i / 100, f"/pass/{i}") for i in range(30)), kube=kube)
+        (lease,) = queue_in_order((None, "/apis/coordination.k8s.io/v1/namespaces/ns/leases/leader"), kube=kube)
+        await asyncio.sleep(0)  # one loop turn: every task above queues its call
+        client.release.set()
+        await asyncio.gather(held, lease, *backlog)
+        assert client.served[1] == "/apis/coordination.k8s.io/v1/namespaces/ns/leases/leader"
+    finally:
+        client.release.set()
+        kube.close()
+
+
+async def test_a_call_whose_pass_gave_up_is_never_sent():
+    """A pass that timed out is cancelled with its calls still queued; they must not reach the
+    API server (the FIFO pool dropped them too; the priority pool must not regress that)."""
+    client = GatedClient(hold="/a/first")
+    kube = KubeApi(client, threads=1)  # type: ignore[arg-type]
+    try:
+        held = await hold_the_only_thread(kube, client)
+        gone, kept = queue_in_order((2.0, "/gone"), (3.0, "/kept"), kube=kube)
+        await asyncio.sleep(0)
+        gone.cancel()
+        await asyncio.wait([gone])  # the cancel has reached the queued call (its future's callbacks ran)
+        client.release.set()
+        await asyncio.gather(held, kept)
+        assert "/gone" not in client.served and client.served[-1] == "/kept"
+    finally:
+        client.release.set()
+        kube.close()
+
+
+async def test_errors_and_ok_statuses_come_back_through_the_pool():
+    client = GatedClient(hold="/never")
+    kube = KubeApi(client, threads=2)  # type: ignore[arg-type]
+    try:
+        assert await kube.call("GET", "/x/missing", ok=(404,)) is None
+        with pytest.raises(NotFound):
+            await kube.call("GET", "/x/missing")
+        assert await kube.call("GET", "/x/there") == {}
+    finally:
+        kube.close()
+
+
+async def test_every_call_of_a_pass_and_of_the_tasks_it_gathers_carries_its_start():
+    """`JobRuntime.run_pass` marks the pass: the children step's applies and resync reads run in
+    gathered sub-tasks, and each must queue as the pass, not as a call outside passes."""
+    seen: list[float | None] = []
+
+    class RankedKube(FakeKube):
+        async def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+            seen.append(PASS_STARTED.get())
+            return await super().apply(obj)
+
+        async def patch_rljob_status(self, ns: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
+            seen.append(PASS_STARTED.get())
+            return await super().patch_rljob_status(ns, name, status)
+
+    body, platform = rljob(), FakePlatform()
+    kube = RankedKube(body)
+    kube.platform = platform
+    rt = JobRuntime(body=body, kube=kube, platform=platform, registry=JobRegistry(), metrics=Metrics(),
+                    controller_url="http://op:8080", resync_seconds=5, clock=FakeClock(), engines=FakeEngines())
+    await rt.run_pass()
+    assert len(seen) >= 2 and None not in seen and len(set(seen)) == 1
+    assert PASS_STARTED.get() is None  # and the mark ends with the pass
+
+
+def test_queue_order_outside_passes_first_then_by_pass_start_then_arrival():
+    q: CallQueue[str] = CallQueue()
+    q.push("pass 5 a", rank(5.0))
+    q.push("pass 3 a", rank(3.0))
+    q.push("lease", OUTSIDE_PASSES)
+    q.push("pass 5 b", rank(5.0))
+    q.push("pass 3 b", rank(3.0))
+    q.push("review", rank(None))
+    assert q.drain() == ["lease", "review", "pass 3 a", "pass 3 b", "pass 5 a", "pass 5 b"]
+    assert len(q) == 0
+
+
+def test_dropping_dead_items_keeps_the_order_of_the_rest():
+    q: CallQueue[int] = CallQueue()
+    for i in range(20):
+        q.push(i, rank(float(20 - i)))
+    assert q.keep(lambda i: i % 3 != 0) == 7
+    assert q.drain() == [i for i in reversed(range(20)) if i % 3 != 0]
+
+
+def test_the_pool_compacts_cancelled_calls_and_cancels_the_queue_on_shutdown():
+    pool = PriorityPool(1, "t")
+    gate, entered = threading.Event(), threading.Event()
+
+    def hold() -> str:
+        entered.set()
+        gate.wait(10)
+        return "held"
+
+    first = pool.submit(hold, OUTSIDE_PASSES)
+    assert entered.wait(10)
+    dead = [pool.submit(lambda: None, rank(float(i))) for i in range(2 * PriorityPool.COMPACT_MIN - 1)]
+    for f in dead:
+        f.cancel()
+    live = pool.submit(lambda: "live", rank(0.5))  # the queue doubled: cancelled calls are dropped
+    assert pool.queued() == 1
+    tail = pool.submit(lambda: "tail", rank(9e9))
+    pool.shutdown()
+    gate.set()
+    assert first.result(10) == "held"
+    assert live.cancelled() and tail.cancelled()
+    with pytest.raises(RuntimeError):
+        pool.submit(lambda: None, OUTSIDE_PASSES)
+
+
+async def test_a_converging_job_keeps_the_rank_of_the_pass_that_began_its_work():
+    """A job becomes ready over several passes (create the pods; see them run, label the cells;
+    write the status). At 1,000 RLJobs every job's first pass starts together, and ranking each
+    pass by its own start put every job's second pass behind all the others' first passes: no
+    cell was labelled Serving until nearly the whole fleet's pods were created. While its cells
+    wait for pods, a job's passes keep the rank it began with; once settled, a pass ranks anew."""
+    body, platform, clock = rljob(), FakePlatform(), FakeClock()
+    kube = FakeKube(body)
+    kube.platform = platform
+    rt = JobRuntime(body=body, kube=kube, platform=platform, registry=JobRegistry(), metrics=Metrics(),
+                    controller_url="http://op:8080", resync_seconds=5, clock=clock, engines=FakeEngines())
+    ranks: list[tuple[float | None, float]] = []
+    inner = rt._run_pass
+
+    async def spy(started: float) -> float:
+        ranks.append((PASS_STARTED.get(), started))
+        return await inner(started)
+
+    rt._run_pass = spy  # type: ignore[method-assign]
+    await rt.run_pass()  # creates the pods: the cells wait for them
+    assert rt.controller is not None and any(c.state.name == "Pending" for c in rt.controller.fleet.all())
+    await rt.run_pass()  # sees them run: Serving
+    assert all(c.state.name == "Serving" for c in rt.controller.fleet.all())
+    await rt.run_pass()  # settled: a pass of its own
+    (r0, s0), (r1, s1), (r2, s2) = ranks
+    assert r0 == s0 and r1 == s0 < s1, "the second pass continues the first one's work"
+    assert r2 == s2 > s1, "a settled job's next pass queues as new work"
+
+
+def test_a_job_converging_too_long_queues_as_a_new_pass_again():
+    """An engine that never comes up must not keep its job at the front of the queue for good."""
+    from rljob_operator.reconcile.job_runtime import CONVERGING_RANK_SECONDS
+
+    rt = JobRuntime(body=rljob(), kube=FakeKube(rljob()), platform=FakePlatform(), registry=JobRegistry(),
+                    metrics=Metrics(), controller_url="http://op:8080", resync_seconds=5, clock=FakeClock(),
+                    engines=FakeEngines())
+    rt._working_since = 100.0
+    assert rt.queue_rank(100.0 + CONVERGING_RANK_SECONDS) == 100.0
+    assert rt.queue_rank(100.0 + CONVERGING_RANK_SECONDS + 1) == 100.0 + CONVERGING_RANK_SECONDS + 1
