@@ -54,6 +54,27 @@ from rljob_client.weight_buckets import Bucket, tensor_digest, unpack_bucket
 log = logging.getLogger(__name__)
 
 
+def allow_amx() -> bool:
+    """Ask Linux for the AMX tile state for this process (and the ones it forks), once, where
+    the CPU has AMX; answers whether AMX may be used now.
+
+    vLLM's CPU attention runs AMX tile instructions (bf16, head size a multiple of 32) without
+    asking for that state first; until a process asks (`arch_prctl(ARCH_REQ_XCOMP_PERM)`, as
+    torch's `_init_amx` does), the first one is SIGILL. On a Sapphire Rapids machine every
+    engine of the test model died at its first request (`Worker proc VllmWorker-0 died
+    unexpectedly (exit code: -4)`), unless something else in the worker (oneDNN, for larger
+    matrices) had asked already. vLLM loads this module in each worker before the model runs,
+    which is the moment to ask."""
+    cpu = getattr(torch, "cpu", None)
+    if cpu is None or not getattr(cpu, "_is_amx_tile_supported", lambda: False)():
+        return False
+    init = getattr(cpu, "_init_amx", None)
+    return bool(init()) if init is not None else False
+
+
+allow_amx()
+
+
 def new_process_group(
     backend: str, store: Any, rank: int, world_size: int, timeout_s: float
 ) -> Any:

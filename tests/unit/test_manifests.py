@@ -26,6 +26,7 @@ from rljob_operator.manifests import (
 from rljob_operator.names import dns_label, engine_pod_name, trainer_name
 
 from controller_runtime.api.spec import RLJobSpec
+from controller_runtime.engine_extensions import WEIGHT_TRANSFER_EXTENSION
 from controller_runtime.ports import CellRequest
 
 JOBS = Path(__file__).parent / "golden" / "jobs"
@@ -85,7 +86,10 @@ def test_cpu_cell_requests_no_gpu_and_passes_engine_args_through() -> None:
     cmd = c["command"]
     assert cmd[:3] == ["python", "-m", "vllm.entrypoints.openai.api_server"]
     tail = cmd[cmd.index("--pipeline-parallel-size") + 2 :]
-    assert tail == ["--dtype", "bfloat16", "--max-model-len", "512", "--enforce-eager"]
+    # a CPU engine always loads the worker extension: it asks for the AMX state vLLM's CPU
+    # attention needs (without it the worker dies of SIGILL at its first request on AMX CPUs)
+    assert tail == ["--worker-extension-cls", WEIGHT_TRANSFER_EXTENSION,
+                    "--dtype", "bfloat16", "--max-model-len", "512", "--enforce-eager"]  # fmt: skip
     assert cmd[cmd.index("--host") + 1] == "$(POD_IP)"
     assert cmd[cmd.index("--tensor-parallel-size") + 1] == "1"
     assert "--enable-sleep-mode" not in cmd

@@ -93,8 +93,10 @@ def _vllm_server_args(job: JobView, distributed: bool) -> list[str]:
         args.append("--enable-sleep-mode")
     if inf.weight_update.method == WeightUpdateMethod.nccl:
         args += ["--weight-transfer-config", json.dumps({"backend": "nccl"}, separators=(",", ":"))]
-    if inf.weight_update.method in (WeightUpdateMethod.nccl, WeightUpdateMethod.gloo):
-        # the trainer's broadcast lands in rljob_client's worker extension (the engine image must ship it)
+    if inf.weight_update.method in (WeightUpdateMethod.nccl, WeightUpdateMethod.gloo) or inf.gpus_per_engine == 0:
+        # the trainer's broadcast lands in rljob_client's worker extension (the engine image must
+        # ship it); a CPU engine loads it for every method: it asks for the AMX state vLLM's CPU
+        # attention needs (`vllm_worker_extension.allow_amx`), and CPU engines run our image
         args += ["--worker-extension-cls", WEIGHT_TRANSFER_EXTENSION]
     return args + list(inf.engine_args)
 
