@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 import yaml
 
+from controller_runtime.engine_extensions import WEIGHT_TRANSFER_EXTENSION
 from tests.cluster.fixtures import wait_for  # one polling helper for every cluster test
 
 REPO = Path(__file__).resolve().parents[2]
@@ -149,7 +150,11 @@ def make_rljob(
     inf = spec["inference"]
     inf["replicas"] = replicas
     inf["tensorParallelSize"] = 1
-    inf["engineArgs"] = ["--dtype=bfloat16", "--max-model-len=512", "--enforce-eager"]
+    # The simulated GPU cells run vLLM on this CPU: load the worker extension, which asks for the
+    # AMX state vLLM's CPU attention needs (`vllm_worker_extension.allow_amx`; the operator loads
+    # it by itself only into CPU engines, gpusPerEngine 0).
+    inf["engineArgs"] = ["--dtype=bfloat16", "--max-model-len=512", "--enforce-eager",
+                         f"--worker-extension-cls={WEIGHT_TRANSFER_EXTENSION}"]  # fmt: skip
     inf["resources"] = {"requests": {"cpu": "1", "memory": "1Gi"}}
     env = {
         # The agent runs the pod's `python -m vllm...` with its own PATH; make it the venv's.

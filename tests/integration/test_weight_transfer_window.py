@@ -150,9 +150,13 @@ async def test_an_engine_killed_mid_broadcast_aborts_the_window_and_the_recreate
     assert time.monotonic() - started < TRANSFER_TIMEOUT_S + 60.0
     aborted = [e for e in fleet.events if e.reason == Reason.WindowAborted]
     assert aborted and "test-trainer" in aborted[-1].message, [str(e) for e in fleet.events]
+    assert fleet.controller.lock.current is None
+    # the abort found the engine dead (its port refuses): the cell is healed like any dead one,
+    # recreated and charged to its restart budget (not recreated uncharged as a live participant)
+    await wait_for_cell(fleet, first[f"{JOB}-cell-0"] + 1)
     cell = fleet.controller.fleet.cells[f"{JOB}-cell-0"]
     assert cell.generation == first[f"{JOB}-cell-0"] + 1 and cell.weight_version != "1"
-    assert fleet.controller.lock.current is None
+    assert cell.restarts == 1, [str(e) for e in fleet.events]
 
     # the next window: the recreated cell joins a fresh group and serves the trainer's weights
     await wait_for_cell(fleet, cell.generation)
