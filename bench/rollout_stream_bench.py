@@ -142,7 +142,8 @@ def make_actor_class() -> Any:
         def __init__(self, mib: float) -> None:
             self.template = synthetic_batch(mib, 0)
             self.versions = type("V", (), {"current": 0})()
-            self.metrics = type("M", (), {"exposition": staticmethod(lambda: b"")})()  # the side channel's /metrics
+            # what the actor calls on the executor's metrics: the side channel's /metrics and its count
+            self.metrics = type("M", (), {"exposition": staticmethod(lambda: b""), "shard_served": staticmethod(lambda: None)})()
 
         async def start(self) -> None:
             return None
@@ -248,7 +249,10 @@ def main() -> int:
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds per mode; medians are reported")
     p.add_argument("--json-out")
+    p.add_argument("--smoke", action="store_true", help="0.25 MiB, 2 fetches, 1 round of every mode (what CI runs)")
     args = p.parse_args()
+    if args.smoke:
+        args.sizes_mib, args.iters, args.rounds = [0.25], 2, 1
     started = time.time()
     results = run(args.sizes_mib, args.iters, args.rounds)
     results["wall_s"] = time.time() - started
