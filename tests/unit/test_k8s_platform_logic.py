@@ -7,16 +7,20 @@ against a real API server in tests/integration/test_k8s_platform.py.
 from __future__ import annotations
 
 import copy
+import gc
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from pydantic import ValidationError
 from rljob_operator import labels as L
 from rljob_operator.kubeapi import KubeApi, KubeApiError, api_error, resource_path
 from rljob_operator.platform import KubernetesPlatform, pod_observation
 from rljob_operator.pod_cache import EnginePodCache
 
+from controller_runtime.api.spec import RLJobSpec
 from controller_runtime.ports import CellRequest
 
 JOBS = Path(__file__).parent / "golden" / "jobs"
@@ -455,3 +459,37 @@ def test_the_cache_keeps_only_what_the_platform_reads_and_reads_the_same(case: s
         assert cond["type"] in ("Ready", "PodScheduled") and set(cond) <= {"type", "status", "reason", "message"}
     for cs in slim["status"].get("containerStatuses", []):
         assert set(cs) <= {"restartCount", "state"} and set(cs.get("state", {})) <= {"waiting", "terminated"}
+
+
+def _reachable(root: object, skip: tuple[object, ...]) -> list[object]:
+    seen, stack, out = {id(s) for s in skip}, [root], []
+    while stack:
+        o = stack.pop()
+        if id(o) in seen or isinstance(o, type):
+            continue
+        seen.add(id(o))
+        out.append(o)
+        stack.extend(gc.get_referents(o))
+    return out
+
+
+async def test_a_platform_built_from_a_body_keeps_its_raw_spec_not_a_validated_one() -> None:
+    """A validated RLJobSpec (25 pydantic models) was 23 KB per job for good (bench/job_memory.py);
+    the platform keeps a copy of the raw spec, validates it when a cell is made, and an in-place
+    change of the caller's body does not reach the cells it builds."""
+    body = load("gpu-4x2")
+    store = PodStore()
+    p = KubernetesPlatform(store, "rl", body)
+    assert not [o for o in _reachable(p, (store,)) if isinstance(o, RLJobSpec)]
+    body["spec"]["inference"]["engineArgs"] = ["--changed"]  # not an update_job: cells keep the old spec
+    await p.create_cell(req(0))
+    pod = store.pods["llama-8b-cell-0-g1-0"]
+    assert "--changed" not in json.dumps(pod["spec"]) and "--max-model-len" in json.dumps(pod["spec"])
+    assert p.job.spec == RLJobSpec.model_validate(load("gpu-4x2")["spec"])
+
+
+def test_a_platform_refuses_a_spec_that_does_not_validate_at_once() -> None:
+    body = load("gpu-4x2")
+    body["spec"]["inference"]["replicas"] = "many"
+    with pytest.raises(ValidationError):
+        KubernetesPlatform(PodStore(), "rl", body)
