@@ -11,14 +11,12 @@ cell can never be doubled. Deleting something already gone (404) is success too.
 from __future__ import annotations
 
 import asyncio
-import copy
 import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from controller_runtime.api.spec import RLJobSpec
 from controller_runtime.ports import CellObservation, CellRequest, PodObservation
 from rljob_operator import labels as L
 from rljob_operator.kubeapi import MERGE_PATCH, KubeApi, resource_path
@@ -163,20 +161,18 @@ class KubernetesPlatform:
     def update_job(self, job: Mapping[str, Any] | JobView) -> None:
         """Take a new spec (e.g. after an edit); cells created from now on use it.
 
-        A raw RLJob (kopf's body, as every job's platform starts from) is validated here, so a
-        spec that does not validate fails as before, but kept only as a copy of its spec: the
-        validated `RLJobSpec` (25 pydantic models) was 23 KB per job for good, of the ~110 KB
-        a job cost (bench/job_memory.py), for what a pass reads of it (the job's name, pods
-        per cell, port) and what a cell's creation reads (`engine_pods`, validated again then:
-        cells are created seldom). A spec already validated (the runtime's, after an edit or
-        an admission) is kept as it is: it exists anyway."""
+        Kept as the spec's non-default fields (a few dicts), not as the validated `RLJobSpec`
+        (25 pydantic models): that was 23 KB of every job's heap for good (bench/job_memory.py),
+        for what a pass reads of it (the job's name, pods per cell, port; kept apart) and what
+        a cell's creation reads (`engine_pods`: validated again then; cells are created
+        seldom). A raw spec is still validated here, so an invalid one fails as before; a spec
+        whose compact form would not validate back to it (none known) is kept as it is."""
         view = dataclasses.replace(JobView.of(job), namespace=self.namespace)
-        if isinstance(job, JobView) or isinstance(job.get("spec"), RLJobSpec):
-            self._source = view
-        else:
-            # a copy: the caller's dicts (kopf's body) may change under us, the spec we build from must not
-            self._source = {"metadata": {"name": view.name, "namespace": self.namespace, "uid": view.uid},
-                            "spec": copy.deepcopy(job.get("spec") or {})}  # fmt: skip
+        compact = {
+            "metadata": {"name": view.name, "namespace": self.namespace, "uid": view.uid},
+            "spec": view.spec.model_dump(by_alias=True, exclude_defaults=True, mode="json"),
+        }
+        self._source = compact if JobView.of(compact).spec == view.spec else view
         self._name = view.name
         self._pods_per_cell = view.spec.inference.pods_per_cell
         self._port = view.spec.inference.port

@@ -473,10 +473,10 @@ def _reachable(root: object, skip: tuple[object, ...]) -> list[object]:
     return out
 
 
-async def test_a_platform_built_from_a_body_keeps_its_raw_spec_not_a_validated_one() -> None:
+async def test_a_platform_keeps_its_spec_compact_not_a_validated_one() -> None:
     """A validated RLJobSpec (25 pydantic models) was 23 KB per job for good (bench/job_memory.py);
-    the platform keeps a copy of the raw spec, validates it when a cell is made, and an in-place
-    change of the caller's body does not reach the cells it builds."""
+    the platform keeps the spec's non-default fields, validates them when a cell is made, and
+    an in-place change of the caller's body does not reach the cells it builds."""
     body = load("gpu-4x2")
     store = PodStore()
     p = KubernetesPlatform(store, "rl", body)
@@ -486,6 +486,11 @@ async def test_a_platform_built_from_a_body_keeps_its_raw_spec_not_a_validated_o
     pod = store.pods["llama-8b-cell-0-g1-0"]
     assert "--changed" not in json.dumps(pod["spec"]) and "--max-model-len" in json.dumps(pod["spec"])
     assert p.job.spec == RLJobSpec.model_validate(load("gpu-4x2")["spec"])
+    edited = load("gpu-4x2")
+    edited["spec"]["inference"]["replicas"] = 6
+    p.update_job({"metadata": edited["metadata"], "spec": RLJobSpec.model_validate(edited["spec"])})  # the runtime's
+    assert not [o for o in _reachable(p, (store,)) if isinstance(o, RLJobSpec)]
+    assert p.job.spec == RLJobSpec.model_validate(edited["spec"])
 
 
 def test_a_platform_refuses_a_spec_that_does_not_validate_at_once() -> None:
