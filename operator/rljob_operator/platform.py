@@ -136,7 +136,8 @@ class KubernetesPlatform:
     ) -> None:
         self.kube = kube
         self.namespace = namespace
-        self._job = dataclasses.replace(JobView.of(job), namespace=namespace)
+        self._source: Mapping[str, Any] | JobView = {}
+        self.update_job(job)
         self.pods = pods
         self.relist_seconds = relist_seconds
         self._now = now
@@ -154,11 +155,27 @@ class KubernetesPlatform:
 
     @property
     def job(self) -> JobView:
-        return self._job
+        """The job as cells are built from it (validated afresh when kept as its raw spec)."""
+        return dataclasses.replace(JobView.of(self._source), namespace=self.namespace)
 
     def update_job(self, job: Mapping[str, Any] | JobView) -> None:
-        """Take a new spec (e.g. after an edit); cells created from now on use it."""
-        self._job = dataclasses.replace(JobView.of(job), namespace=self.namespace)
+        """Take a new spec (e.g. after an edit); cells created from now on use it.
+
+        Kept as the spec's non-default fields (a few dicts), not as the validated `RLJobSpec`
+        (25 pydantic models): that was 23 KB of every job's heap for good (bench/job_memory.py),
+        for what a pass reads of it (the job's name, pods per cell, port; kept apart) and what
+        a cell's creation reads (`engine_pods`: validated again then; cells are created
+        seldom). A raw spec is still validated here, so an invalid one fails as before; a spec
+        whose compact form would not validate back to it (none known) is kept as it is."""
+        view = dataclasses.replace(JobView.of(job), namespace=self.namespace)
+        compact = {
+            "metadata": {"name": view.name, "namespace": self.namespace, "uid": view.uid},
+            "spec": view.spec.model_dump(by_alias=True, exclude_defaults=True, mode="json"),
+        }
+        self._source = compact if JobView.of(compact).spec == view.spec else view
+        self._name = view.name
+        self._pods_per_cell = view.spec.inference.pods_per_cell
+        self._port = view.spec.inference.port
 
     def _pods_path(self, name: str | None = None) -> str:
         return resource_path("v1", "Pod", self.namespace, name)
@@ -187,7 +204,7 @@ class KubernetesPlatform:
         """The job's pods as the watch holds them, when that view may be acted on; else None."""
         if self.pods is None or self._expected is None or self._now() - self._listed_at >= self.relist_seconds:
             return None
-        held = {p["metadata"]["name"]: p for p in self.pods.pods(self.namespace, L.label_value(self._job.name))}
+        held = {p["metadata"]["name"]: p for p in self.pods.pods(self.namespace, L.label_value(self._name))}
         for name, version in self._expected.items():
             pod = held.get(name)
             if pod is None or pod_version(pod) < version:
@@ -203,12 +220,12 @@ class KubernetesPlatform:
         watched = self._from_watch()
         if watched is not None:
             return watched
-        pods = await self._list_pods(L.engine_selector(self._job.name))
+        pods = await self._list_pods(L.engine_selector(self._name))
         self._listed_at = self._now()
         self._job_list_version = self._list_version
         self._deleted &= {p["metadata"]["name"] for p in pods}
         if self.pods is not None:
-            self.pods.replace(self.namespace, L.label_value(self._job.name), pods, self._list_version)
+            self.pods.replace(self.namespace, L.label_value(self._name), pods, self._list_version)
         return pods
 
     def _gone(self, names: list[str]) -> None:
@@ -223,7 +240,7 @@ class KubernetesPlatform:
             await self.kube.call("POST", self._pods_path(), body=pod, ok=(409,))
 
         self._live_heads.pop(request.name, None)  # new pods: set_serving lists them until observed
-        pods = engine_pods(self._job, request)
+        pods = engine_pods(self.job, request)
         if self._expected is not None:
             for p in pods:
                 self._expected.setdefault(p["metadata"]["name"], 0)
@@ -235,7 +252,7 @@ class KubernetesPlatform:
 
     async def delete_cell(self, name: str) -> None:
         self._live_heads.pop(name, None)
-        pods = await self._list_pods(L.cell_selector(self._job.name, name))
+        pods = await self._list_pods(L.cell_selector(self._name, name))
         names = [p["metadata"]["name"] for p in pods if not p["metadata"].get("deletionTimestamp")]
         self._gone(names)
         await asyncio.gather(*(self._delete_pod(n) for n in names))
@@ -281,16 +298,16 @@ class KubernetesPlatform:
         index = _int_label(pods[0], L.CELL_INDEX)
         by_index = {_int_label(p, L.POD_INDEX): pod_observation(p) for p in pods}
         observed: list[PodObservation] = []
-        for i in range(max(self._job.spec.inference.pods_per_cell, len(by_index))):
+        for i in range(max(self._pods_per_cell, len(by_index))):
             if i in by_index:
                 observed.append(by_index[i])
             else:
-                missing = engine_pod_name(self._job.name, index, generation, i)
+                missing = engine_pod_name(self._name, index, generation, i)
                 observed.append(PodObservation(name=missing, phase="Unknown", message="pod missing"))
         head = by_index.get(0)
         endpoint = None
         if head is not None and head.ip and head.phase not in ("Failed", "Succeeded"):
-            endpoint = f"http://{_url_host(head.ip)}:{self._job.spec.inference.port}"
+            endpoint = f"http://{_url_host(head.ip)}:{self._port}"
         return CellObservation(
             name=name, index=index, generation=generation, pods=tuple(observed), endpoint=endpoint
         )
@@ -298,7 +315,7 @@ class KubernetesPlatform:
     async def set_serving(self, name: str, serving: bool) -> None:
         names = self._live_heads.get(name)
         if names is None:  # not observed yet (or gone since): ask the API server
-            pods = await self._list_pods(L.cell_head_selector(self._job.name, name))
+            pods = await self._list_pods(L.cell_head_selector(self._name, name))
             names = tuple(p["metadata"]["name"] for p in pods if not p["metadata"].get("deletionTimestamp"))
         patch = {"metadata": {"labels": {L.SERVING: "true" if serving else "false"}}}
 

@@ -554,3 +554,21 @@ async def test_events_go_to_their_own_sink_never_through_the_passes_api_pool():
     assert {"CellServing", "AllEnginesServing"} <= set(pool.events)
     assert kube.events == []
     await rt.recorder.close()
+
+
+async def test_the_relists_copy_is_dropped_once_kopfs_view_caught_up():
+    """A listed body newer than kopf's is acted on; once kopf's watch brings that generation the
+    runtime keeps no second whole RLJob (it was kept for the runtime's life)."""
+    clock, platform, body = FakeClock(), FakePlatform(), rljob()
+    rt, _, _ = runtime(body, platform, clock)
+    await settle(rt)
+    listed = copy.deepcopy(body)
+    listed["metadata"]["generation"] = 2
+    listed["spec"]["inference"]["replicas"] = 3
+    rt.observe_listed(listed)
+    await settle(rt)
+    assert rt.body is listed and len(rt.controller.cells) == 3
+    body["metadata"]["generation"] = 2  # kopf's watch delivers the edit
+    body["spec"]["inference"]["replicas"] = 3
+    await rt.run_pass()
+    assert rt._listed is None and rt.body is body and len(rt.controller.cells) == 3

@@ -7,16 +7,20 @@ against a real API server in tests/integration/test_k8s_platform.py.
 from __future__ import annotations
 
 import copy
+import gc
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from pydantic import ValidationError
 from rljob_operator import labels as L
 from rljob_operator.kubeapi import KubeApi, KubeApiError, api_error, resource_path
 from rljob_operator.platform import KubernetesPlatform, pod_observation
 from rljob_operator.pod_cache import EnginePodCache
 
+from controller_runtime.api.spec import RLJobSpec
 from controller_runtime.ports import CellRequest
 
 JOBS = Path(__file__).parent / "golden" / "jobs"
@@ -392,3 +396,105 @@ def test_the_cache_keeps_the_newest_copy_and_a_list_drops_what_the_watch_missed(
     cache.record("DELETED", pod("b", 10, "Pending"))
     cache.record("DELETED", pod("c", 11, "Pending"))
     assert cache.pods("rl", "j") == [] and len(cache) == 0
+
+
+def kubelet_pod(name: str, status: dict[str, Any]) -> dict[str, Any]:
+    """An engine pod as the watch delivers it: the spec, our annotations and a user's, a status."""
+    return {
+        "metadata": {"name": name, "namespace": "rl", "resourceVersion": "7", "uid": "u",
+                     "labels": {L.JOB: "j", L.CELL: "j-cell-0", L.GENERATION: "1", L.CELL_INDEX: "0", L.POD_INDEX: "0"},
+                     "annotations": {L.CELL_NAME_ANNOTATION: "j-cell-0", "example.com/team": "post-training"},
+                     "managedFields": [{"manager": "kubelet", "fieldsV1": {"f:status": {}}}]},
+        "spec": {"nodeName": "gpu-0", "containers": [{"name": "engine", "image": "vllm"}]},
+        "status": status,
+    }  # fmt: skip
+
+
+T = "2026-12-01T00:00:05Z"
+KUBELET_STATUSES = {
+    "running": {
+        "phase": "Running", "podIP": "10.0.0.5", "podIPs": [{"ip": "10.0.0.5"}], "hostIP": "10.1.0.1",
+        "qosClass": "Burstable", "startTime": T,
+        "conditions": [{"type": c, "status": "True", "lastTransitionTime": T, "lastProbeTime": None}
+                       for c in ("Initialized", "Ready", "ContainersReady", "PodScheduled")],
+        "containerStatuses": [{"name": "engine", "ready": True, "restartCount": 2, "image": "vllm",
+                               "imageID": "sha256:ab", "containerID": "containerd://cd", "started": True,
+                               "state": {"running": {"startedAt": T}},
+                               "lastState": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}}],
+    },
+    "crashlooping": {
+        "phase": "Running", "podIP": "10.0.0.6",
+        "conditions": [{"type": "Ready", "status": "False", "reason": "ContainersNotReady", "message": "not ready"}],
+        "containerStatuses": [{"name": "engine", "restartCount": 5, "image": "vllm",
+                               "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 5m0s"}}}],
+    },
+    "unschedulable": {
+        "phase": "Pending", "qosClass": "Burstable",
+        "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                        "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.", "lastTransitionTime": T}],
+    },
+    "evicted": {"phase": "Failed", "reason": "Evicted", "message": "The node was low on resource: memory."},
+    "terminated": {
+        "phase": "Failed", "podIP": "10.0.0.7",
+        "containerStatuses": [{"name": "engine", "restartCount": 0,
+                               "state": {"terminated": {"reason": "Error", "message": "exit 1", "exitCode": 1}}}],
+    },
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(KUBELET_STATUSES))
+def test_the_cache_keeps_only_what_the_platform_reads_and_reads_the_same(case: str) -> None:
+    """A cached pod observes exactly as the full pod does, while keeping none of the kubelet's
+    other status fields, the pod spec, managedFields or user annotations (bench/job_memory.py:
+    a kubelet's status was 4.9 of a cached running pod's 6.6 KB)."""
+    full = kubelet_pod("j-cell-0-g1-0", copy.deepcopy(KUBELET_STATUSES[case]))
+    cache = EnginePodCache()
+    cache.record("MODIFIED", full)
+    (slim,) = cache.pods("rl", "j")
+    assert pod_observation(slim) == pod_observation(full)
+    assert slim["metadata"]["annotations"] == {L.CELL_NAME_ANNOTATION: "j-cell-0"}
+    assert "managedFields" not in slim["metadata"] and slim["spec"] == {"nodeName": "gpu-0"}
+    assert set(slim["status"]) <= {"phase", "podIP", "reason", "message", "conditions", "containerStatuses"}
+    for cond in slim["status"].get("conditions", []):
+        assert cond["type"] in ("Ready", "PodScheduled") and set(cond) <= {"type", "status", "reason", "message"}
+    for cs in slim["status"].get("containerStatuses", []):
+        assert set(cs) <= {"restartCount", "state"} and set(cs.get("state", {})) <= {"waiting", "terminated"}
+
+
+def _reachable(root: object, skip: tuple[object, ...]) -> list[object]:
+    seen, stack, out = {id(s) for s in skip}, [root], []
+    while stack:
+        o = stack.pop()
+        if id(o) in seen or isinstance(o, type):
+            continue
+        seen.add(id(o))
+        out.append(o)
+        stack.extend(gc.get_referents(o))
+    return out
+
+
+async def test_a_platform_keeps_its_spec_compact_not_a_validated_one() -> None:
+    """A validated RLJobSpec (25 pydantic models) was 23 KB per job for good (bench/job_memory.py);
+    the platform keeps the spec's non-default fields, validates them when a cell is made, and
+    an in-place change of the caller's body does not reach the cells it builds."""
+    body = load("gpu-4x2")
+    store = PodStore()
+    p = KubernetesPlatform(store, "rl", body)
+    assert not [o for o in _reachable(p, (store,)) if isinstance(o, RLJobSpec)]
+    body["spec"]["inference"]["engineArgs"] = ["--changed"]  # not an update_job: cells keep the old spec
+    await p.create_cell(req(0))
+    pod = store.pods["llama-8b-cell-0-g1-0"]
+    assert "--changed" not in json.dumps(pod["spec"]) and "--max-model-len" in json.dumps(pod["spec"])
+    assert p.job.spec == RLJobSpec.model_validate(load("gpu-4x2")["spec"])
+    edited = load("gpu-4x2")
+    edited["spec"]["inference"]["replicas"] = 6
+    p.update_job({"metadata": edited["metadata"], "spec": RLJobSpec.model_validate(edited["spec"])})  # the runtime's
+    assert not [o for o in _reachable(p, (store,)) if isinstance(o, RLJobSpec)]
+    assert p.job.spec == RLJobSpec.model_validate(edited["spec"])
+
+
+def test_a_platform_refuses_a_spec_that_does_not_validate_at_once() -> None:
+    body = load("gpu-4x2")
+    body["spec"]["inference"]["replicas"] = "many"
+    with pytest.raises(ValidationError):
+        KubernetesPlatform(PodStore(), "rl", body)

@@ -348,7 +348,15 @@ class JobRuntime:
             return self._errors > 0
         return wants_a_pass(ctl)
 
+    def _forget_caught_up_listing(self) -> None:
+        """Drop the relist's copy once kopf's view is as new (by generation): `body` never picks it
+        again (a generation never goes back), and it is a whole RLJob, status and managedFields
+        included (~15 KB, bench/job_memory.py), kept for the runtime's life after one lost event."""
+        if self._listed is not None and _generation(self._listed) <= _generation(self.watched):
+            self._listed = None
+
     async def _run_pass(self, started: float) -> float:
+        self._forget_caught_up_listing()
         self._pass_key = wake_key(self.body)
         step = "pass"
         try:
