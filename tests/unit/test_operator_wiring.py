@@ -69,3 +69,35 @@ def test_the_api_client_keeps_as_many_connections_as_its_pool_has_threads(tmp_pa
     client = load_api_client(str(kubeconfig), connections=32)
     assert client.rest_client.pool_manager.connection_pool_kw["maxsize"] == 32
     assert load_api_client(str(kubeconfig)).rest_client.pool_manager.connection_pool_kw["maxsize"] != 32
+
+
+class NoCopy(dict):  # type: ignore[type-arg]
+    """A status entry that must never be deep-copied (kopf's diff base used to copy all of status)."""
+
+    def __deepcopy__(self, memo: Any) -> Any:
+        raise AssertionError("status was deep-copied")
+
+
+def test_kopf_diff_base_is_built_without_copying_status_or_managed_fields_and_is_kopfs_essence() -> None:
+    import kopf
+
+    storage = handlers.kopf_settings(handlers.OperatorSettings(all_namespaces=True)).persistence.diffbase_storage
+    essence_of = kopf.AnnotationsDiffBaseStorage(prefix=handlers.ANNOTATION_PREFIX, key="last-handled-configuration")
+    meta = {
+        "name": "j", "namespace": "rl", "uid": "u", "resourceVersion": "7", "generation": 2,
+        "labels": {"team": "a"},
+        "annotations": {"note": "x", "kubectl.kubernetes.io/last-applied-configuration": "{}",
+                        f"{handlers.ANNOTATION_PREFIX}/last-handled-configuration": '{"spec": {}}'},
+        "managedFields": [{"manager": "m", "fieldsV1": NoCopy(f={})}],
+    }  # fmt: skip
+    body = {"apiVersion": "rljob.io/v1alpha1", "kind": "RLJob", "metadata": meta,
+            "spec": {"inference": {"replicas": 2}, "trainer": {"steps": 3}},
+            "status": {"engines": [NoCopy(name="c0")], "phase": "Running"}}  # fmt: skip
+    lean = storage.build(body=kopf.Body(body))
+    plain = {**body, "metadata": {k: v for k, v in meta.items() if k != "managedFields"},
+             "status": {"phase": "Running"}}  # what kopf's own build may copy
+    assert lean == essence_of.build(body=kopf.Body(plain))
+    assert lean == {"spec": {"inference": {"replicas": 2}, "trainer": {"steps": 3}},
+                    "metadata": {"labels": {"team": "a"}, "annotations": {"note": "x"}}}  # fmt: skip
+    lean["spec"]["inference"]["replicas"] = 5  # a copy: kopf keeps it as the last handled state
+    assert body["spec"]["inference"]["replicas"] == 2
