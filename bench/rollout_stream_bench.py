@@ -191,6 +191,7 @@ def run(sizes: list[float], iters: int, rounds: int) -> dict[str, Any]:
 
     head = start_ray_head(num_cpus=2, object_store_bytes=1024 * 2**20)
     results: dict[str, Any] = {"ray_version": ray.__version__, "iters": iters, "rounds": rounds, "sizes": {}}
+    raw_servers: list[subprocess.Popen[str]] = []  # killed however the run ends (a failed mode left one behind)
     try:
         ray.init(address=head.address, namespace=ACTOR_NAMESPACE, logging_level="WARNING", log_to_driver=False)
         bench_cls, via_store_cls = (ray.remote(c) for c in make_actor_class())
@@ -204,6 +205,7 @@ def run(sizes: list[float], iters: int, rounds: int) -> dict[str, Any]:
             ray.get([a.ready.remote() for a in actors])
             per: dict[str, Any] = {"shard_bytes": synthetic_batch(mib, 0).nbytes}
             raw_port, raw_len, raw_server = serve_raw(mib)
+            raw_servers.append(raw_server)
             modes = [("direct", head.address, "ray"), ("client_http", head.client_address, "http"),
                      ("client_http_via_store", head.client_address, "http"),
                      ("client_ray", head.client_address, "ray"), ("raw_tcp", "", "raw")]  # fmt: skip
@@ -237,6 +239,9 @@ def run(sizes: list[float], iters: int, rounds: int) -> dict[str, Any]:
             raw_server.kill()
             raw_server.wait(timeout=10)
     finally:
+        for server in raw_servers:
+            server.kill()
+            server.wait(timeout=10)
         if ray.is_initialized():
             ray.shutdown()
         head.stop()
