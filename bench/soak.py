@@ -33,6 +33,7 @@ import contextlib
 import json
 import os
 import platform
+import re
 import signal
 import subprocess
 import sys
@@ -68,6 +69,7 @@ from tests.integration.operator_harness import (  # noqa: E402
 from tests.reliability import history  # noqa: E402
 
 TARGET_GROWTH_PCT_PER_HOUR = 5.0
+TASK_CENSUS_LINE = re.compile(r'^rljob_operator_asyncio_tasks_by_coroutine\{coroutine="([^"]*)"\} (\S+)$')
 STEADY = "soak-w"  # the long-lived job: windows and engine kills
 STEADY_REPLICAS = 2
 # --smoke (and tests/reliability/test_soak_smoke.py): one short cycle, then one restart.
@@ -82,6 +84,7 @@ class Sample:
     rss_mib: float
     fds: int
     tasks: float | None  # rljob_operator_asyncio_tasks; None if the scrape failed
+    by_coroutine: dict[str, float] = field(default_factory=dict)  # ..._by_coroutine, same scrape
 
 
 @dataclass
@@ -121,13 +124,20 @@ class Soak:
         assert self.op is not None
         proc = psutil.Process(self.op.proc.pid)
         tasks: float | None = None
+        by_coroutine: dict[str, float] = {}
         with contextlib.suppress(OSError, urllib.error.URLError, ValueError, IndexError):
-            line = next(
-                x for x in self.op.metrics().splitlines() if x.startswith("rljob_operator_asyncio_tasks ")
-            )
-            tasks = float(line.split()[1])
+            lines = self.op.metrics().splitlines()
+            tasks = float(next(x for x in lines if x.startswith("rljob_operator_asyncio_tasks ")).split()[1])
+            by_coroutine = {
+                m[1]: float(m[2]) for m in filter(None, (TASK_CENSUS_LINE.match(x) for x in lines))
+            }
         s = Sample(
-            time.monotonic() - self.t0, self.segment, proc.memory_info().rss / 2**20, proc.num_fds(), tasks
+            time.monotonic() - self.t0,
+            self.segment,
+            proc.memory_info().rss / 2**20,
+            proc.num_fds(),
+            tasks,
+            by_coroutine,
         )
         self.samples.append(s)
         log(

@@ -6,6 +6,7 @@ import asyncio
 import heapq
 import itertools
 import time
+from collections.abc import AsyncGenerator
 from datetime import UTC, datetime
 from typing import Protocol
 
@@ -71,6 +72,35 @@ async def sleep_or_stop(stop: asyncio.Event, seconds: float, clock: Clock | None
         stopper.cancel()
         timer.cancel()
     return stop.is_set()
+
+
+async def ticks(
+    stop: asyncio.Event, period: float, clock: Clock | None = None, *, at_once: bool = True
+) -> AsyncGenerator[None, None]:
+    """Yield every `period` seconds (at once first unless `at_once` is false) until `stop` is
+    set. For the operator-wide loops that run while it is idle (the leader's renewals, the
+    relist): their wait tasks live through the work done at each tick, the stop-waiter for the
+    whole loop and each period's timer armed before its tick, so the idle operator's task count
+    (rljob_operator_asyncio_tasks, which the soak and the leak test read) does not dip while a
+    tick's API call is in flight, and a tick that is slow does not push the next one later.
+    Use under `contextlib.aclosing`, so a loop that breaks out cancels the waits at once."""
+    clock = clock or RealClock()
+    stopped = asyncio.ensure_future(stop.wait())
+    timer: asyncio.Future[None] | None = None
+    try:
+        if not at_once:
+            timer = asyncio.ensure_future(clock.sleep(max(period, 0.0)))
+            await asyncio.wait({timer, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        while not stop.is_set():
+            timer = asyncio.ensure_future(clock.sleep(max(period, 0.0)))
+            await asyncio.sleep(0)  # the timer starts (takes its deadline) before the round does
+            yield
+            if not stop.is_set():
+                await asyncio.wait({timer, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        if timer is not None:
+            timer.cancel()
 
 
 def iso(ts: float) -> str:

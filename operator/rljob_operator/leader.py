@@ -15,13 +15,14 @@ it against a `LeaseStore` (the Kubernetes API in production).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Protocol
 
-from controller_runtime.clock import Clock, RealClock
+from controller_runtime.clock import Clock, RealClock, ticks
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +191,10 @@ class LeaderElector:
             await self.store.update(step.record, rv)
             self.machine.written(step.record, now)
             if step.action is Action.acquire:
-                log.info("acquired lease", extra={"identity": self.identity, "transitions": step.record.transitions})
+                log.info(
+                    "acquired lease",
+                    extra={"identity": self.identity, "transitions": step.record.transitions},
+                )
 
     async def _publish(self) -> None:
         leading_now = self.is_leader()
@@ -205,15 +209,11 @@ class LeaderElector:
                 await self._on_stopped()
 
     async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            await self.tick()
-            sleep = asyncio.ensure_future(self.clock.sleep(self.retry_period))
-            stopped = asyncio.ensure_future(stop.wait())
-            try:
-                await asyncio.wait({sleep, stopped}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                sleep.cancel()
-                stopped.cancel()
+        """A round every retry period, counted from the start of the last one (a slow renewal
+        does not delay the next), until `stop`."""
+        async with contextlib.aclosing(ticks(stop, self.retry_period, self.clock)) as rounds:
+            async for _ in rounds:
+                await self.tick()
 
     async def release(self) -> None:
         """Give the Lease up on a clean shutdown (client-go's ReleaseOnCancel)."""

@@ -14,6 +14,7 @@ as the last status write.
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -38,6 +39,12 @@ SPECS: tuple[MetricSpec, ...] = (
         "gauge",
         (),
         "asyncio tasks alive on the operator's event loop, counted at scrape time.",
+    ),
+    MetricSpec(
+        "rljob_operator_asyncio_tasks_by_coroutine",
+        "gauge",
+        ("coroutine",),
+        "The same tasks by the coroutine each runs (module.qualname): which code a rising count is in.",
     ),
     MetricSpec(
         "rljob_job_phase",
@@ -134,6 +141,7 @@ SPECS: tuple[MetricSpec, ...] = (
 )
 # Families computed at scrape time from the last written status.
 SCRAPED = tuple(s for s in SPECS if s.labels[:2] == JOB and s.type == "gauge")
+TASK_CENSUS = next(s for s in SPECS if s.name == "rljob_operator_asyncio_tasks_by_coroutine")
 
 
 class JobGauges(Collector):
@@ -165,12 +173,42 @@ def asyncio_task_count() -> float:
         return 0.0
 
 
+def coroutine_name(task: asyncio.Task[Any]) -> str:
+    """module.qualname of the code a task runs: bounded by the code, never by jobs or objects
+    (task names carry job names), so it can be a label."""
+    coro: Any = task.get_coro()
+    frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+    module = frame.f_globals.get("__name__", "?") if frame is not None else "?"
+    return f"{module}.{getattr(coro, '__qualname__', type(coro).__name__)}"
+
+
+class TaskCensus(Collector):
+    """The loop's tasks by coroutine, counted when scraped (nothing kept between scrapes): a
+    leak test that sees the total above its floor can say which code holds the extra tasks."""
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(TASK_CENSUS.name, TASK_CENSUS.help, labels=TASK_CENSUS.labels)
+        try:
+            tasks = asyncio.all_tasks(asyncio.get_running_loop())
+        except RuntimeError:
+            tasks = set()
+        for name, n in sorted(Counter(coroutine_name(t) for t in tasks).items()):
+            family.add_metric([name], n)
+        yield family
+
+    def describe(self) -> Iterable[Metric]:
+        return [GaugeMetricFamily(TASK_CENSUS.name, TASK_CENSUS.help, labels=TASK_CENSUS.labels)]
+
+
 class Metrics:
     def __init__(self, clock: Clock | None = None) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
         self.job_gauges = JobGauges(clock or RealClock())
-        built: dict[str, Any] = {s.name: build_metric(s, r) for s in SPECS if s not in SCRAPED}
+        built: dict[str, Any] = {
+            s.name: build_metric(s, r) for s in SPECS if s not in SCRAPED and s is not TASK_CENSUS
+        }
         r.register(self.job_gauges)
+        r.register(TaskCensus())
         # Counters and histograms labelled by job: their series of a deleted job are dropped
         # with it (forget_job). Kept, every job ever reconciled added ~30-50 series for good: the
         # operator's memory and /metrics grew with churn (bench/soak.py found it).

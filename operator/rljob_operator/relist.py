@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from controller_runtime.clock import ticks
 from rljob_operator.delivered import Delivered
 from rljob_operator.kinds import GROUP
 
@@ -144,15 +145,14 @@ class Relister:
     nudges: int = 0  # annotations written (a test counts them)
 
     async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.period)
-            if stop.is_set() or not self.acting():
-                continue
-            try:
-                await self.once()
-            except Exception:
-                log.exception("relist of RLJobs failed; trying again in %.0f s", self.period)
+        async with contextlib.aclosing(ticks(stop, self.period, at_once=False)) as rounds:
+            async for _ in rounds:
+                if not self.acting():
+                    continue
+                try:
+                    await self.once()
+                except Exception:
+                    log.exception("relist of RLJobs failed; trying again in %.0f s", self.period)
 
     async def once(self) -> Plan:
         before = dict(self.runtimes)

@@ -1,9 +1,10 @@
 import asyncio
+import contextlib
 
 import pytest
 from rljob_operator.leader import Action, LeaderElector, LeaseConflict, LeaseMachine, LeaseRecord
 
-from controller_runtime.clock import FakeClock
+from controller_runtime.clock import FakeClock, ticks
 
 
 class MemoryLeaseStore:
@@ -181,3 +182,57 @@ async def test_a_slow_api_server_slower_than_the_retry_period_still_renews():
     for _ in range(4):
         await a.tick()
         assert a.is_leader() and a.leading.is_set()
+
+
+async def test_the_running_elector_holds_its_task_count_through_a_renewal_in_flight():
+    """The operator's idle task count (rljob_operator_asyncio_tasks) is what the leak test and the
+    soak compare with a floor. The elector's wait tasks used to exist only between rounds, so a
+    scrape during a slow renewal counted 2 fewer: a floor taken then (CI, a busy API server) sat
+    below the idle count for good and failed the leak test with no leak at all."""
+    clock, store = FakeClock(), MemoryLeaseStore()
+    update = store.update
+    in_flight, release = asyncio.Event(), asyncio.Event()
+
+    async def held_update(record, resource_version):
+        in_flight.set()
+        await release.wait()
+        return await update(record, resource_version)
+
+    a = LeaderElector(store, "a", 6, 4, 1, clock=clock)
+    stop = asyncio.Event()
+    running = asyncio.create_task(a.run(stop))
+    await asyncio.wait_for(a.leading.wait(), 5)  # first round: created the Lease
+    idle = len(asyncio.all_tasks())
+    store.update = held_update
+    await clock.advance(1)  # the next round: its renewal blocks in the API call
+    await asyncio.wait_for(in_flight.wait(), 5)
+    during = len(asyncio.all_tasks())
+    release.set()
+    await clock.advance(0)
+    stop.set()
+    await asyncio.wait_for(running, 5)
+    assert during == idle
+
+
+async def test_rounds_keep_their_cadence_when_a_round_is_slow_and_end_at_stop():
+    """The next round is due a period after the last one began, not after it ended."""
+    clock, stop = FakeClock(), asyncio.Event()
+    began: list[float] = []
+    first = asyncio.Event()
+
+    async def loop() -> None:
+        async with contextlib.aclosing(ticks(stop, 10, clock)) as rounds:
+            async for _ in rounds:
+                began.append(clock.now())
+                first.set()
+                await clock.sleep(4)  # a round that takes 4 of its 10 s
+
+    t0 = clock.now()
+    running = asyncio.create_task(loop())
+    await asyncio.wait_for(first.wait(), 5)  # the first round begins at once, before the clock moves
+    for _ in range(25):
+        await clock.advance(1)
+    assert [b - t0 for b in began] == [0, 10, 20]
+    stop.set()
+    await asyncio.wait_for(running, 5)
+    assert asyncio.all_tasks() == {asyncio.current_task()}  # its timer and stop-waiter went with it

@@ -104,6 +104,35 @@ def test_the_asyncio_task_gauge_counts_the_tasks_of_the_loop_that_serves_the_scr
     assert "rljob_operator_asyncio_tasks 0.0" in Metrics().exposition().decode()  # no loop: 0
 
 
+def test_the_task_census_names_the_coroutine_each_task_runs() -> None:
+    """Which code holds the tasks: three parked on one coroutine show as three of it, by module
+    and qualname, and they sum to the total gauge."""
+
+    async def parked(release: asyncio.Event) -> None:
+        await release.wait()
+
+    async def scrape() -> str:
+        release = asyncio.Event()
+        tasks = [asyncio.create_task(parked(release)) for _ in range(3)]
+        await asyncio.sleep(0)
+        text = Metrics().exposition().decode()
+        release.set()
+        await asyncio.gather(*tasks)
+        return text
+
+    text = asyncio.run(scrape())
+    name = f"{__name__}.test_the_task_census_names_the_coroutine_each_task_runs.<locals>.parked"
+    census = {
+        m[1]: float(m[2])
+        for m in re.finditer(
+            r'^rljob_operator_asyncio_tasks_by_coroutine\{coroutine="([^"]+)"\} (\S+)$', text, re.M
+        )
+    }
+    assert census[name] == 3
+    total = float(re.search(r"^rljob_operator_asyncio_tasks (\S+)$", text, re.M)[1])  # type: ignore[index]
+    assert sum(census.values()) == total
+
+
 def test_a_forgotten_job_leaves_no_series_behind() -> None:
     """A deleted job's counters and histograms go with it: under churn (bench/soak.py) every
     job ever reconciled otherwise kept its series, and the operator's memory grew with them."""
