@@ -188,16 +188,25 @@ class WeightGate:
         return len(self._in_flight)
 
     async def close(self, mode: str) -> int:
-        """Close the gate; `drain` waits for in-flight requests, `abort` cancels them. Returns how many."""
+        """Close the gate; `drain` waits for in-flight requests, `abort` cancels them. Returns how
+        many were drained or aborted.
+
+        A request whose engine has answered stays tracked until its sampler resumes, a loop turn
+        later. `abort` counts and cancels only those still waiting for an answer (`cancel()` is
+        true): one already answered keeps its sample, on the weights it ran on, and counting it
+        aborted made the window's count disagree with the retries the generator made whenever a
+        close landed in that turn (test_executor and test_trainer_ranks compare the two).
+        """
         if mode not in ("drain", "abort"):
             raise ValueError(f"spec.rollout.onWeightUpdate {mode!r}: expected drain or abort")
         self._open.clear()
-        n = len(self._in_flight)
         if mode == "abort":
-            for fut in list(self._in_flight):
-                self._aborted.add(fut)
-                fut.cancel()
+            cancelled = [fut for fut in list(self._in_flight) if fut.cancel()]
+            self._aborted.update(cancelled)
+            n = len(cancelled)
             self.aborted_requests += n
+        else:
+            n = len(self._in_flight)
         await self._idle.wait()
         return n
 

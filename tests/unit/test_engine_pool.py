@@ -132,3 +132,42 @@ async def test_a_request_waiting_for_a_slot_never_starts_while_the_gate_is_close
     if mode == "abort":
         assert done[0].weight_version == 2, "the aborted request is retried on the new weights"
     assert pool.stats()["http://e0"]["in_flight"] == 0
+
+
+async def test_a_request_answered_as_the_gate_aborts_keeps_its_sample_and_is_not_counted_aborted() -> None:
+    """The race in the weight gate: a request whose engine has answered stays tracked until its
+    sampler resumes a loop turn later. close('abort') counted it aborted although it completed on
+    the old weights, so the window's count (in_flight) exceeded the retries the generator made;
+    test_executor and test_trainer_ranks assert the two are equal, and fail when a close lands in
+    that turn (more often on a loaded machine)."""
+    from rollout_executor.generation import Completion, Generator, SamplingParams
+    from rollout_executor.samples import SampleKey
+
+    pool = EnginePool(static_endpoints(["http://e0"]), concurrency=2, clock=Clock())
+    gate = WeightGate(version=1)
+    gen = Generator(pool, gate, SamplingParams(max_tokens=1), session=None)  # type: ignore[arg-type]
+    answer = {0: asyncio.Event(), 1: asyncio.Event()}
+    answered: list[int] = []
+
+    async def post(url: str, key: SampleKey, prompt: str, version: int, sampling: SamplingParams) -> Completion:
+        await answer[key.sample].wait()
+        answered.append(key.sample)
+        return Completion(key, url, version, "x", [1], [2], [-0.1], "length")
+
+    gen._post = post  # type: ignore[method-assign]
+    first = asyncio.ensure_future(gen.complete(SampleKey(0, 0, 0), "p"))
+    second = asyncio.ensure_future(gen.complete(SampleKey(0, 0, 1), "p"))
+    await _until(lambda: gate.in_flight == 2, "both requests in flight")
+    answer[0].set()
+    await asyncio.sleep(0)  # the first engine call returns; its sampler resumes only on the next turn
+    assert answered == [0] and gate.in_flight == 2, "the answered request is still tracked"
+
+    async with asyncio.timeout(5):  # awaited here, not in a task: close() runs in this very turn
+        aborted = await gate.close("abort")
+    assert aborted == 1 and gate.aborted_requests == 1, "only the request still waiting was aborted"
+    gate.open(2)
+    answer[1].set()
+    done = await asyncio.wait_for(asyncio.gather(first, second), 5)
+    assert done[0].weight_version == 1, "answered before the gate closed: kept, on the old weights"
+    assert done[1].weight_version == 2, "aborted, and retried on the new weights"
+    assert gen.stats.aborted_retries == aborted
