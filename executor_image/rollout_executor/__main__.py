@@ -3,12 +3,13 @@
     python -m rollout_executor --job NAME --manifest rljob.yaml [--dataset PATH] [--namespace NS]
         (--controller-url URL | --engines-url URL | --router-url URL | --endpoint URL ...)
         [--ray-address HOST:PORT] [--node-ip IP] [--client-port 10001] [--data-port 10002]
-        [--state-dir DIR] [--ready-file FILE]
+        [--state-dir DIR] [--ready-file FILE] [--exit-with-parent]
 
 When ready it prints one JSON line `{"event": "ready", ...}` (actor name, Ray addresses, data
-channel URL) and writes the same to --ready-file; it stays up until SIGTERM/SIGINT, then
-kills the actor and stops the Ray head it started. Exit code 2: bad configuration (missing
-dataset, unknown reward function), with a message naming the spec field.
+channel URL) and writes the same to --ready-file; it stays up until SIGTERM/SIGINT (or, with
+--exit-with-parent, until the process that started it is gone), then kills the actor and stops
+the Ray head it started. Exit code 2: bad configuration (missing dataset, unknown reward
+function), with a message naming the spec field.
 """
 
 from __future__ import annotations
@@ -61,6 +62,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--data-advertise-host", default=None, help="Host trainers use to reach the side channel.")
     p.add_argument("--state-dir", default=os.environ.get("RLJOB_EXECUTOR_STATE_DIR"), help="Where save/load keep the dataset position.")
     p.add_argument("--ready-file", help="Write the ready JSON here.")
+    p.add_argument("--exit-with-parent", action="store_true",
+                   help="Stop once the process that started this one is gone (`rljob run` passes it; an executor "
+                        "pod's process outlives its kubelet, as containers do).")
     return p.parse_args(argv)
 
 
@@ -125,6 +129,19 @@ def build_config(args: argparse.Namespace, manifest: RLJobManifest, data_host: s
     )
 
 
+def orphaned(parent_pid: int) -> bool:
+    """True once the process that started us is gone (we were re-parented).
+
+    The backstop behind PR_SET_PDEATHSIG for `--exit-with-parent` (`rljob run` starts the
+    executor with both): a SIGKILLed runner is meant to SIGTERM us, but once in CI
+    (test_local_run) that SIGTERM never stopped the executor, which went on serving its Ray head
+    for minutes. The main loop asks every second, so the executor, its actor and its Ray head go
+    within a second or two of the runner whatever became of the signal. A parent of pid 0 or 1
+    (a container's init) is never "gone".
+    """
+    return parent_pid > 1 and os.getppid() != parent_pid
+
+
 def check_config(config: ExecutorConfig) -> None:
     """Fail at start, naming the spec field, rather than in the first rollout."""
     PromptDataset.from_path(config.dataset_path, config.dataset_format, prompt_field=config.prompt_field, label_field=config.label_field)
@@ -145,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     stop = threading.Event()
+    parent_pid = os.getppid() if args.exit_with_parent else 0
 
     def on_signal() -> None:
         # ray.init installs its own SIGTERM handler (it aborts the process): ours goes back on after.
@@ -199,6 +217,9 @@ def main(argv: list[str] | None = None) -> int:
             if head is not None and not head.alive():
                 log.error("the Ray head exited:\n%s", head.log_tail())
                 return 1
+            if orphaned(parent_pid):
+                log.warning("the process that started the executor (pid %d) is gone", parent_pid)
+                break
         log.info("stopping")
         return 0
     finally:

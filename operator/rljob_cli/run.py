@@ -132,6 +132,7 @@ class ExecutorProcess:
             "--node-ip", "127.0.0.1", "--client-port", str(free_port()), "--gcs-port", str(free_port()),
             "--data-port", "0", "--num-cpus", "2", "--ray-temp-dir", str(self.ray_temp),
             "--state-dir", str(out / "executor-state"), "--ready-file", str(self.ready_file),
+            "--exit-with-parent",  # with die_with_parent: a SIGKILLed runner takes the executor along
         ]  # fmt: skip
         self.proc: subprocess.Popen[bytes] | None = None
 
