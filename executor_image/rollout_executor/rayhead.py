@@ -173,6 +173,13 @@ def _start_ray_head_once(
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if auth_token is not None:
         env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=auth_token)
+    else:
+        # Unset, Ray 2.60's `ray start` turns token auth on when ~/.ray/auth_token exists (a plain
+        # local `ray.init()` writes one), while a driver joining the head does not: the
+        # executor's own ray.init was then refused (InvalidAuthToken) and `rljob run` failed on
+        # any machine where its user had once run Ray. An explicit mode in the environment (a
+        # pod's RAY_AUTH_MODE=token) still wins.
+        env.setdefault("RAY_AUTH_MODE", "disabled")
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, preexec_fn=_die_with_parent
