@@ -215,9 +215,17 @@ def scale_nodes_yaml(first: int, count: int) -> str:
     return json.dumps({"apiVersion": "v1", "kind": "List", "items": docs})
 
 
-def scale_rljob(name: str, probe_interval: int) -> dict[str, Any]:
-    """The test RLJob at the issue's shape, engines answered by the fleet stand-in (no process pods)."""
+def scale_rljob(name: str, probe_interval: int, executor: bool = False) -> dict[str, Any]:
+    """The test RLJob at the issue's shape, engines answered by the fleet stand-in (no process pods).
+
+    The issue's fleet has no trainer or executor pods: the trainer is a workloadRef and, unless
+    `executor`, spec.rollout is left out, so the job is its engine fleet alone (as a RayCluster
+    is its Ray pods). With `executor` each job also has its executor Deployment, Service and
+    policy, the shape measured before 2026-12-02 (their writes, and the Deployment and
+    ReplicaSet controllers' writes for them, were ~27 % of the ramp's requests at N=100)."""
     job = make_rljob(name, replicas=4)
+    if not executor:
+        del job["spec"]["rollout"]
     inf = job["spec"]["inference"]
     inf.update(gpusPerEngine=16, gpusPerNode=8, tensorParallelSize=16)
     inf.pop("podMetadata", None)
@@ -597,7 +605,7 @@ def run_rljobs(cluster: Cluster, n: int, args: argparse.Namespace, logs: Path) -
     api_client = cluster.api()
     api_client.user_agent = "scale-bench"
     custom = client.CustomObjectsApi(api_client)
-    objs = [scale_rljob(f"j{i:04d}", args.probe_interval) for i in range(n)]
+    objs = [scale_rljob(f"j{i:04d}", args.probe_interval, args.executor) for i in range(n)]
 
     def create(obj: dict[str, Any]) -> None:
         custom.create_namespaced_custom_object("rljob.io", "v1alpha1", ns, "rljobs", obj)
@@ -749,7 +757,8 @@ def run(args: argparse.Namespace, cluster: Cluster | None = None) -> dict[str, A
         "bench": "scale_bench", "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores", "commit": git_commit(),
         "settings": {"steady_seconds": args.steady, "settle_seconds": args.settle, "changes": args.changes,
-                     "probe_interval_seconds": args.probe_interval, "node_gpus": NODE_GPUS, "logs": str(logs)},
+                     "probe_interval_seconds": args.probe_interval, "node_gpus": NODE_GPUS, "logs": str(logs),
+                     "rljob_executor": args.executor},
         "kuberay": binary or "not run: no binary (pass --kuberay, or build it: tests/cluster/build)",
         "runs": [],
     }  # fmt: skip
@@ -813,6 +822,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--kuberay", help="KubeRay operator binary (default: the path in /work/kuberay-ready, if any)"
     )
     p.add_argument("--no-kuberay", action="store_true", help="RLJobs only")
+    p.add_argument(
+        "--executor", action="store_true",
+        help="give every RLJob its rollout executor (Deployment, Service, policy): not the issue's fleet",
+    )
     p.add_argument("--log-dir")
     p.add_argument("--json-out")
     p.add_argument(

@@ -642,6 +642,15 @@ STALE_NEEDS_CORRECTION_MSG = (
     "needs an importance correction: set spec.trainer.reference.offPolicy.mode to tis or clip, "
     "or spec.rollout.maxStaleness: 0"
 )
+ROLLOUT_NEEDED_MSG = (
+    "spec.rollout may be left out only with spec.trainer.workloadRef (you run the trainer and its generation): "
+    "the operator's trainers, the reference trainer or spec.trainer.command, read their batches from the "
+    "rollout executor that spec.rollout configures"
+)
+ROLLOUT_PRESENCE_IMMUTABLE_MSG = (
+    "spec.rollout's presence is immutable: it decides whether the job has a rollout executor; "
+    "create a new RLJob to add or remove it"
+)
 
 
 class RLJobSpec(ApiModel):
@@ -650,14 +659,17 @@ class RLJobSpec(ApiModel):
     model_config = ApiModel.model_config | {
         "json_schema_extra": cel(
             ("!self.trainer.colocate || self.inference.offload.enabled", COLOCATE_NEEDS_OFFLOAD_MSG, ".trainer.colocate"),
+            ("has(self.rollout) || has(self.trainer.workloadRef)", ROLLOUT_NEEDED_MSG, ".rollout"),
+            ("has(self.rollout) == has(oldSelf.rollout)", ROLLOUT_PRESENCE_IMMUTABLE_MSG, ".rollout"),
             (
-                "has(self.trainer.command) || has(self.trainer.workloadRef) || self.trainer.reference.algorithm != 'grpo'"
-                " || self.rollout.sampling.nSamplesPerPrompt >= 2",
+                "has(self.trainer.command) || has(self.trainer.workloadRef) || !has(self.rollout)"
+                " || self.trainer.reference.algorithm != 'grpo' || self.rollout.sampling.nSamplesPerPrompt >= 2",
                 GRPO_GROUP_MSG,
                 ".rollout.sampling.nSamplesPerPrompt",
             ),
             (
-                "has(self.trainer.command) || has(self.trainer.workloadRef) || self.rollout.maxStaleness == 0"
+                "has(self.trainer.command) || has(self.trainer.workloadRef) || !has(self.rollout)"
+                " || self.rollout.maxStaleness == 0"
                 " || self.trainer.reference.offPolicy.mode != 'none'",
                 STALE_NEEDS_CORRECTION_MSG,
                 ".trainer.reference.offPolicy.mode",
@@ -667,7 +679,15 @@ class RLJobSpec(ApiModel):
 
     model: ModelSpec = Field(description="The policy's initial weights. Immutable.")
     inference: InferenceSpec = Field(description="The inference engine fleet.")
-    rollout: RolloutSpec = Field(description="The rollout executor: dataset, sampling, reward.")
+    rollout: RolloutSpec | None = Field(
+        default=None,
+        description=(
+            "The rollout executor: dataset, sampling, reward. Leave it out with spec.trainer.workloadRef when your "
+            "trainer generates its own samples against the engines (the `<job>-engines` Service): the job is then "
+            "the engine fleet and its weight-update coordination only, with no executor Deployment, Service or Ray. "
+            "It cannot be added or removed later."
+        ),
+    )
     trainer: TrainerSpec = Field(default_factory=TrainerSpec, description="The trainer workload.")
     suspend: bool = Field(default=False, description="Delete engine and trainer pods but keep the job (Kueue-compatible); false again recreates them.")
     ttl_seconds_after_finished: int | None = Field(default=None, ge=0, description="Delete the job this long after it Succeeded or Failed.")
@@ -676,6 +696,10 @@ class RLJobSpec(ApiModel):
     def _coherent(self) -> RLJobSpec:
         if self.trainer.colocate and not self.inference.offload.enabled:
             raise ValueError(COLOCATE_NEEDS_OFFLOAD_MSG)
+        if self.rollout is None:
+            if self.trainer.workload_ref is None:
+                raise ValueError(ROLLOUT_NEEDED_MSG)
+            return self
         if (
             self.trainer.uses_reference_trainer
             and self.trainer.reference.algorithm == "grpo"
@@ -696,7 +720,15 @@ class RLJobSpec(ApiModel):
         samples may lag a version and the engines stay up while the trainer trains (colocated
         engines are offloaded then). One rule for local mode and trainer pods."""
         colocated = self.trainer.colocate and self.inference.offload.enabled
-        return self.rollout.max_staleness >= 1 and not colocated
+        return self.rollout is not None and self.rollout.max_staleness >= 1 and not colocated
+
+    @property
+    def executor(self) -> RolloutSpec:
+        """spec.rollout of a job that has an executor; what reads it (the executor's manifests and
+        process, the operator's trainers) exists only then (`ROLLOUT_NEEDED_MSG`)."""
+        if self.rollout is None:
+            raise ValueError(ROLLOUT_NEEDED_MSG)
+        return self.rollout
 
     def validate_update(self, old: RLJobSpec) -> None:
         """The CRD's transition rules (immutable fields) for callers without an API server.
@@ -711,6 +743,8 @@ class RLJobSpec(ApiModel):
             raise ValueError(GPUS_PER_ENGINE_IMMUTABLE_MSG)
         if self.inference.gpus_per_node != old.inference.gpus_per_node:
             raise ValueError(GPUS_PER_NODE_IMMUTABLE_MSG)
+        if (self.rollout is None) != (old.rollout is None):
+            raise ValueError(ROLLOUT_PRESENCE_IMMUTABLE_MSG)
 
 
 class RLJobManifest(ApiModel):

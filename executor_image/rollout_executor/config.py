@@ -78,7 +78,7 @@ class ExecutorConfig:
 
     @classmethod
     def from_spec(cls, job: str, spec: RLJobSpec, **overrides: Any) -> ExecutorConfig:
-        r = spec.rollout
+        r = spec.executor
         model = spec.model.path or "/models"
         base: dict[str, Any] = dict(
             job=job,

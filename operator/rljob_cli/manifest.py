@@ -69,6 +69,9 @@ def resolve(path: str, cwd: Path) -> Path:
 def resolve_paths(manifest: RLJobManifest, cwd: Path) -> RLJobManifest:
     """A copy with model, tokenizer and dataset paths absolute; the dataset must exist."""
     spec = manifest.spec
+    if spec.rollout is None:
+        raise ManifestError("spec.rollout: local mode runs the rollout executor and the trainer; "
+                            "a job without spec.rollout (spec.trainer.workloadRef) runs on a cluster only")
     if spec.model.path is None:
         raise ManifestError("spec.model.path: local mode needs a model directory (spec.model.pvc is for clusters)")
     dataset = resolve(spec.rollout.dataset.path, cwd)

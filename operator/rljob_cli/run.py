@@ -324,7 +324,7 @@ class LocalRun:
                 "--engine", str(self.spec.inference.engine),
                 "--pause-mode", str(self.spec.inference.weight_update.pause_mode), "--metrics-file", str(metrics),
                 "--eval-file", str(evals), "--batches-file", str(batches), *ref.checkpoint_flags(),
-                *ref.loss_flags(self.spec.rollout.sampling.temperature)]
+                *ref.loss_flags(self.spec.executor.sampling.temperature)]
         log_path = self.logs / "trainer.log"
         seen, seen_evals, restarts = 0, 0, 0
         while True:

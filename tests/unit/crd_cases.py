@@ -129,6 +129,13 @@ INVALID = [
         "spec.trainer.reference.saveEvery",
         S.SAVE_EVERY_SPELLINGS_MSG,
     ),
+    Case("no-rollout-with-reference-trainer", {"spec.rollout": DELETE}, "spec.rollout", S.ROLLOUT_NEEDED_MSG),
+    Case(
+        "no-rollout-with-trainer-command",
+        {"spec.rollout": DELETE, "spec.trainer.command": ["python", "t.py"]},
+        "spec.rollout",
+        S.ROLLOUT_NEEDED_MSG,
+    ),
     Case(
         "greedy-eval-with-several-samples",
         {"spec.rollout.eval": {"everySteps": 10, "samplesPerPrompt": 4}},
@@ -153,6 +160,7 @@ VALID_EDITS = {
     "workload-ref-only": {
         "spec.trainer.workloadRef": {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "t"},
     },
+    "workload-ref-without-rollout": {"spec.trainer.workloadRef": {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "t"}, "spec.rollout": DELETE},
     "backoff-equals-max": {"spec.inference.restartPolicy.backoffSeconds": 300},
     "greedy-eval-one-sample": {"spec.rollout.eval": {"everySteps": 10}},
     "sampled-eval-several-samples": {"spec.rollout.eval": {"everySteps": 10, "samplesPerPrompt": 4, "temperature": 1}},
@@ -179,6 +187,20 @@ IMMUTABLE = [
     Case("gpus-per-node-changed", {"spec.inference.gpusPerNode": 4}, "spec.inference.gpusPerNode", S.GPUS_PER_NODE_IMMUTABLE_MSG),
     Case("model-changed", {"spec.model.pvc.subPath": "Llama-3.1-8B"}, "spec.model", S.MODEL_IMMUTABLE_MSG),
     Case("model-tokenizer-changed", {"spec.model.tokenizer": "/models/tok"}, "spec.model", S.MODEL_IMMUTABLE_MSG),
+    Case(
+        "rollout-removed",
+        {"spec.trainer.workloadRef": {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "t"}, "spec.rollout": DELETE},
+        "spec.rollout",
+        S.ROLLOUT_PRESENCE_IMMUTABLE_MSG,
+        old_edits={"spec.trainer.workloadRef": {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "t"}},
+    ),
+    Case(
+        "rollout-added",
+        {"spec.trainer.workloadRef": {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "t"}},
+        "spec.rollout",
+        S.ROLLOUT_PRESENCE_IMMUTABLE_MSG,
+        old_edits={"spec.trainer.workloadRef": {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "t"}, "spec.rollout": DELETE},
+    ),
 ]
 
 # Updates that must be accepted.

@@ -150,6 +150,27 @@ async def test_passes_bring_the_fleet_to_ready_and_write_status_and_events():
     await rt.recorder.close()
 
 
+async def test_a_job_without_rollout_is_its_engine_fleet_alone_no_executor_service_policy_or_token():
+    """spec.rollout left out (a workloadRef trainer that generates by itself): the job becomes
+    Ready on its engines, and the operator makes nothing of the executor's: no Deployment, no
+    `<job>-rollout` Service, no rollout policy, no Ray token Secret (issue 13's fleet benchmark
+    measures exactly this job)."""
+    clock, platform, body = FakeClock(), FakePlatform(), rljob()
+    del body["spec"]["rollout"]
+    rt, _, applied = runtime(body, platform, clock)
+    rt.recorder.start()
+    await settle(rt)
+    st = body["status"]
+    assert st["ready"] == "2/2" and st["phase"] == "Running"
+    assert find(st["conditions"], "Ready")["status"] == "True"
+    assert sorted((o["kind"], o["metadata"]["name"]) for o in applied) == [
+        ("NetworkPolicy", "job-engine-ingress"),
+        ("Service", "job-cells"),
+        ("Service", "job-engines"),
+    ]
+    await rt.recorder.close()
+
+
 async def test_a_new_runtime_restores_cells_and_the_open_lock_from_status():
     clock, platform, body = FakeClock(), FakePlatform(), rljob()
     rt, _, _ = runtime(body, platform, clock)

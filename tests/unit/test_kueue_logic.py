@@ -83,6 +83,13 @@ def test_pod_sets_leave_out_what_the_operator_does_not_run() -> None:
     assert pod_set_counts(pod_sets(obj, URL)) == {"executor": 1}
 
 
+def test_a_job_without_rollout_asks_no_quota_for_an_executor() -> None:
+    obj = job(replicas=2)
+    obj["spec"]["trainer"] = {"workloadRef": {"apiVersion": "batch/v1", "kind": "Job", "name": "mine"}}
+    del obj["spec"]["rollout"]
+    assert pod_set_counts(pod_sets(obj, URL)) == {"engines": 2}
+
+
 def test_pod_sets_count_a_rayclusters_head_and_workers_with_their_requests() -> None:
     """KubeRay creates the Ray pods, but they run for this job: Kueue must reserve their quota
     (they were left out, so an admitted job could overrun its ClusterQueue)."""

@@ -60,6 +60,18 @@ def test_relative_paths_become_absolute_and_a_missing_dataset_names_the_field(tm
         resolve_paths(manifest, tmp_path)
 
 
+def test_a_manifest_without_rollout_is_refused_by_local_mode_naming_the_field(tmp_path: Path) -> None:
+    """Valid for a cluster (a workloadRef trainer that generates by itself), but local mode has
+    nothing to run without an executor."""
+    data = yaml.safe_load(EXAMPLE.read_text())
+    del data["spec"]["rollout"]
+    data["spec"]["trainer"] = {"workloadRef": {"apiVersion": "batch/v1", "kind": "Job", "name": "mine"}}
+    path = tmp_path / "no-rollout.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ManifestError, match=r"spec\.rollout: local mode runs the rollout executor"):
+        resolve_paths(load_manifest(path), REPO)
+
+
 def test_validation_errors_name_the_field(tmp_path: Path) -> None:
     data = yaml.safe_load(EXAMPLE.read_text())
     data["spec"]["rollout"]["sampling"]["nSamplesPerPrompt"] = 0

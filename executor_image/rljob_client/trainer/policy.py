@@ -68,7 +68,7 @@ class PolicyTrainer:
         """The trainer as `spec.trainer.reference` and the sampling temperature configure it."""
         ref = spec.trainer.reference
         return cls(model_dir, ref.learning_rate, ref.algorithm, seed=seed, max_grad_norm=ref.max_grad_norm,
-                   temperature=spec.rollout.sampling.temperature,
+                   temperature=spec.executor.sampling.temperature,
                    correction=grpo.OffPolicyCorrection.from_spec(ref.off_policy))
 
     def checkpoint(self, step: int, weight_version: int, executor: dict[str, Any] | None = None) -> Checkpoint:

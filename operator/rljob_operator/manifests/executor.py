@@ -63,9 +63,9 @@ def executor_command(view: JobView, controller_url: str) -> list[str]:
         "--namespace", view.namespace,
         "--controller-url", controller_url,
         "--engines-url", engines_url(view),
-        "--dataset", dataset_path(view.spec.rollout.dataset),
+        "--dataset", dataset_path(view.spec.executor.dataset),
     ]  # fmt: skip
-    if view.spec.rollout.ray_cluster is not None:
+    if view.spec.executor.ray_cluster is not None:
         cmd += ["--ray-address", rollout_address(view)]
     state_dir = executor_state_dir(view)
     if state_dir is not None:
@@ -126,12 +126,12 @@ def executor_deployment(
     selector = L.role_selector(view.name, L.ROLE_ROLLOUT)
     vols, mounts = volumes(
         model_volume(view.spec.model),
-        dataset_volume(view.spec.rollout.dataset),
+        dataset_volume(view.spec.executor.dataset),
         checkpoints_volume(view.spec.inference.weight_update, read_only=False),  # the state dir
     )
     container: dict[str, Any] = {
         "name": CONTAINER,
-        "image": view.spec.rollout.image,
+        "image": view.spec.executor.image,
         "command": executor_command(view, controller_url),
         "env": _env(view, controller_url),
         "ports": [
@@ -144,10 +144,10 @@ def executor_deployment(
     }
     if mounts:
         container["volumeMounts"] = mounts
-    resources = container_resources(view.spec.rollout.resources, 0)
+    resources = container_resources(view.spec.executor.resources, 0)
     if resources:
         container["resources"] = resources
-    if view.spec.rollout.ray_cluster is None:
+    if view.spec.executor.ray_cluster is None:
         container["readinessProbe"] = {"tcpSocket": {"port": "ray-client"}, "periodSeconds": 10}
     pod_spec: dict[str, Any] = {
         "automountServiceAccountToken": True,
@@ -162,7 +162,7 @@ def executor_deployment(
     service_account_name = service_account_name or view.spec.trainer.service_account_name
     if service_account_name:
         pod_spec["serviceAccountName"] = service_account_name
-    meta = view.spec.rollout.pod_metadata
+    meta = view.spec.executor.pod_metadata
     template_labels = {**meta.labels, **L.job_labels(view.name, L.ROLE_ROLLOUT)}
     template_annotations = {**meta.annotations, L.JOB_NAME_ANNOTATION: view.name}
     return {
@@ -186,7 +186,7 @@ def executor_deployment(
 def executor_service(job: dict[str, Any] | JobView) -> dict[str, Any]:
     """`<job>-rollout`: Ray Client (10001, `ray-client`) and dashboard (8265) of the rollout Ray head."""
     view = JobView.of(job)
-    if view.spec.rollout.ray_cluster is not None:
+    if view.spec.executor.ray_cluster is not None:
         selector = {L.RAY_CLUSTER: ray_cluster_name(view.name), L.RAY_NODE_TYPE: "head"}
     else:
         selector = L.role_selector(view.name, L.ROLE_ROLLOUT)

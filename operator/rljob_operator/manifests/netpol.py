@@ -72,4 +72,8 @@ def engine_network_policy(job: dict[str, Any] | JobView) -> dict[str, Any]:
 
 
 def network_policies(job: dict[str, Any] | JobView) -> list[dict[str, Any]]:
-    return [rollout_network_policy(job), engine_network_policy(job)]
+    """The job's policies: the rollout's only when the job has an executor (spec.rollout)."""
+    view = JobView.of(job)
+    if view.spec.rollout is None:
+        return [engine_network_policy(view)]
+    return [rollout_network_policy(view), engine_network_policy(view)]

@@ -60,13 +60,14 @@ def _pod_spec(view: JobView, container: dict[str, Any]) -> dict[str, Any]:
 
 
 def ray_cluster(job: dict[str, Any] | JobView) -> dict[str, Any] | None:
-    """The RayCluster, or None when `spec.rollout.rayCluster` is not set."""
+    """The RayCluster, or None when `spec.rollout.rayCluster` is not set (or there is no executor)."""
     view = JobView.of(job)
-    rc = view.spec.rollout.ray_cluster
-    if rc is None:
+    rollout = view.spec.rollout
+    rc = rollout.ray_cluster if rollout is not None else None
+    if rollout is None or rc is None:
         return None
-    resources = container_resources(view.spec.rollout.resources, 0)
-    meta = view.spec.rollout.pod_metadata
+    resources = container_resources(rollout.resources, 0)
+    meta = rollout.pod_metadata
     pod_meta: dict[str, Any] = {"labels": {**meta.labels, **L.job_labels(view.name, ROLE_RAY)}}
     if meta.annotations:
         pod_meta["annotations"] = dict(meta.annotations)

@@ -71,7 +71,7 @@ def trainer_command(view: JobView) -> tuple[list[str], list[str]]:
         "--learning-rate", repr(ref.learning_rate),
         "--algorithm", ref.algorithm,
         *ref.checkpoint_flags(),
-        *ref.loss_flags(view.spec.rollout.sampling.temperature),
+        *ref.loss_flags(view.spec.executor.sampling.temperature),
     ]  # fmt: skip
     return ["python", "-m", TRAINER_MODULE], args + list(t.args)
 

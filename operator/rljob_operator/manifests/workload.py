@@ -68,8 +68,9 @@ def pod_sets(job: dict[str, Any] | JobView, controller_url: str) -> list[dict[st
         out.append(
             {"name": PODSET_ENGINES, "count": engine_count, "template": _template(engine_pod(view, cell, 0))}
         )
-    executor = executor_deployment(view, controller_url)
-    out.append({"name": PODSET_EXECUTOR, "count": 1, "template": _template(executor["spec"]["template"])})
+    if view.spec.rollout is not None:
+        executor = executor_deployment(view, controller_url)
+        out.append({"name": PODSET_EXECUTOR, "count": 1, "template": _template(executor["spec"]["template"])})
     rc = ray_cluster(view)
     if rc is not None:
         head = rc["spec"]["headGroupSpec"]

@@ -43,6 +43,7 @@ from rljob_operator.manifests import (
     ray_cluster,
     trainer_workload,
 )
+from rljob_operator.manifests.job import JobView
 from rljob_operator.manifests.podspec import placement_fields
 from rljob_operator.names import PODSET_EXECUTOR, PODSET_RAY_HEAD, PODSET_RAY_WORKERS, trainer_name
 from rljob_operator.reconcile.context import JobContext
@@ -100,20 +101,24 @@ def desired_children(
 ) -> list[dict[str, Any]]:
     """Every child object of the job except engine pods (the controller owns those).
 
-    `flavors`: Kueue's flavors by PodSet name for the pods without a placement in the spec."""
+    `flavors`: Kueue's flavors by PodSet name for the pods without a placement in the spec.
+    A job without spec.rollout has no executor: no Deployment, Service or RayCluster for it."""
     flavors = flavors or {}
-    executor = executor_deployment(job, controller_url)
-    template = executor["spec"]["template"]
-    template["spec"] = placed_on(template["spec"], flavors.get(PODSET_EXECUTOR, ()))
+    view = JobView.of(job)
+    executor: list[dict[str, Any]] = []
+    if view.spec.rollout is not None:
+        deployment = executor_deployment(view, controller_url)
+        template = deployment["spec"]["template"]
+        template["spec"] = placed_on(template["spec"], flavors.get(PODSET_EXECUTOR, ()))
+        executor = [executor_service(view), deployment]
     objs = [
-        cells_headless_service(job),
-        engines_service(job),
-        executor_service(job),
-        executor,
-        *trainer_workload(job, controller_url, trainer_attempt),
-        *network_policies(job),
+        cells_headless_service(view),
+        engines_service(view),
+        *executor,
+        *trainer_workload(view, controller_url, trainer_attempt),
+        *network_policies(view),
     ]
-    rc = ray_cluster(job)
+    rc = ray_cluster(view)
     if rc is not None:
         head = rc["spec"]["headGroupSpec"]["template"]
         head["spec"] = placed_on(head["spec"], flavors.get(PODSET_RAY_HEAD, ()))
@@ -160,7 +165,8 @@ async def ensure_children(
         await restart_trainer(job, spec, job_object, controller_url, verdict)
         state, message, applied = TrainerState.running, "", Applied(generation, now, noted)
     if applied is None or applied.generation != generation:
-        await ensure_ray_auth_secret(job, job_object)  # before anything that mounts it
+        if spec.rollout is not None:  # no executor, no Ray, no token
+            await ensure_ray_auth_secret(job, job_object)  # before anything that mounts it
         objs = desired_children(job_object, controller_url, flavors, attempt)
         await asyncio.gather(*(apply_child(job, obj) for obj in objs))
         applied = Applied(generation, now, noted)
