@@ -510,6 +510,7 @@ class Side:
             "operator_cpu_seconds": {"ramp": round(self.ramp_cpu_s, 2), "steady": round(self.steady_cpu_s, 2)},
             "requests_ramp_by_verb": by_verb(self.ramp),
             "requests_steady_by_verb": by_verb(self.steady),
+            "ramp_writes_by_resource": writes_by_resource(self.ramp),
             "steady_seconds": round(self.steady_seconds, 1),
             "steady_writes_by_resource": writes_by_resource(self.steady),
             "steady_writes_per_second_not_leases_nodes": round(w / self.steady_seconds, 3) if self.steady_seconds else None,

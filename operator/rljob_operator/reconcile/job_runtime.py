@@ -134,6 +134,7 @@ class JobRuntime:
         self._pass_key: tuple[Any, ...] | None = None  # wake_key of the body the last pass started from
         self._working_since: float | None = None  # queue rank of the work the passes continue (`queue_rank`)
         self._confirmed = False  # the RLJob was read afresh (`confirm_body`) before a pass acted on it
+        self._pass_specs: PassSpecs | None = None  # the spec as the running pass reads it (`spec`)
 
     # ---------------------------------------------------------------- views
     @property
@@ -184,12 +185,29 @@ class JobRuntime:
         return int(g) if g is not None else None
 
     def spec(self) -> RLJobSpec:
-        """The spec as the user wrote it."""
-        return RLJobSpec.model_validate(self.body.get("spec") or {})
+        """The spec as the user wrote it; validated once per pass.
+
+        A pass reads it about a dozen times (its steps, the manifests of two steps, Kueue's
+        Workload, the status it writes), and validating an RLJobSpec costs ~90 us: at steady state
+        with 300 jobs that was a quarter of the event loop's busy time (py-spy, bench/RESULTS.md).
+        The pass acts on one snapshot; a spec edit during the pass wakes the next one."""
+        memo = self._pass_specs
+        if memo is not None and memo.user is not None:
+            return memo.user
+        spec = RLJobSpec.model_validate(self.body.get("spec") or {})
+        if memo is not None:
+            memo.user = spec
+        return spec
 
     def effective_spec(self) -> RLJobSpec:
         """The spec the steps run: the user's, suspended or placed as Kueue decided."""
-        return queueing.admitted_spec(self.spec(), self.queue)
+        memo = self._pass_specs
+        if memo is not None and memo.effective is not None and memo.queue is self.queue:
+            return memo.effective
+        effective = queueing.admitted_spec(self.spec(), self.queue)
+        if memo is not None:
+            memo.effective, memo.queue = effective, self.queue
+        return effective
 
     def job_object(self) -> dict[str, Any]:
         """The RLJob as the manifest builders take it (with the effective spec)."""
@@ -358,6 +376,7 @@ class JobRuntime:
     async def _run_pass(self, started: float) -> float:
         self._forget_caught_up_listing()
         self._pass_key = wake_key(self.body)
+        self._pass_specs = PassSpecs()
         step = "pass"
         try:
             if not self._confirmed:
@@ -383,6 +402,7 @@ class JobRuntime:
                 self._last_error = msg
             delay = min(ERROR_BACKOFF_MAX, 0.5 * 2 ** min(self._errors, 6))
         finally:
+            self._pass_specs = None
             self.metrics.reconciles.labels(self.namespace, self.name).inc()
             self.metrics.reconcile_seconds.labels(self.namespace, self.name).observe(time.perf_counter() - started)
         return max(MIN_PASS_SECONDS, min(delay, self.resync_seconds))
@@ -409,6 +429,15 @@ class JobRuntime:
             wake.cancel()
             stop.cancel()
         self._wake.clear()
+
+
+@dataclass
+class PassSpecs:
+    """The spec as one pass reads it: the user's, and the effective one for Kueue's decision `queue`."""
+
+    user: RLJobSpec | None = None
+    effective: RLJobSpec | None = None
+    queue: queueing.QueueSeen | None = None
 
 
 def _generation(body: Mapping[str, Any]) -> int:
