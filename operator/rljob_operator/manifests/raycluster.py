@@ -63,9 +63,9 @@ def ray_cluster(job: dict[str, Any] | JobView) -> dict[str, Any] | None:
     """The RayCluster, or None when `spec.rollout.rayCluster` is not set (or there is no executor)."""
     view = JobView.of(job)
     rollout = view.spec.rollout
-    rc = rollout.ray_cluster if rollout is not None else None
-    if rollout is None or rc is None:
+    if rollout is None or rollout.ray_cluster is None:
         return None
+    rc = rollout.ray_cluster
     resources = container_resources(rollout.resources, 0)
     meta = rollout.pod_metadata
     pod_meta: dict[str, Any] = {"labels": {**meta.labels, **L.job_labels(view.name, ROLE_RAY)}}

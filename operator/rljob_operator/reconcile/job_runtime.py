@@ -187,8 +187,8 @@ class JobRuntime:
     def spec(self) -> RLJobSpec:
         """The spec as the user wrote it; validated once per pass.
 
-        A pass reads it about a dozen times (its steps, the manifests of two steps, Kueue's
-        Workload, the status it writes), and validating an RLJobSpec costs ~90 us: at steady state
+        A pass reads it several times (its steps, the manifests of two steps, Kueue's Workload,
+        the status it writes), and validating an RLJobSpec costs ~90 us: at steady state
         with 300 jobs that was a quarter of the event loop's busy time (py-spy, bench/RESULTS.md).
         The pass acts on one snapshot; a spec edit during the pass wakes the next one."""
         memo = self._pass_specs
