@@ -120,6 +120,25 @@ def parse_metrics(text: str) -> ApiMetrics:
     return out
 
 
+def pool_waits(text: str) -> dict[str, dict[str, float | None]]:
+    """The operator's Kubernetes-call waits for a pool thread, by queue (outside, work, resync), from
+    its own /metrics (`rljob_kube_api_queue_wait_seconds`): calls, p50, p99 over its whole run."""
+    buckets: dict[str, Counter[float]] = {}
+    for line in text.splitlines():
+        if not line.startswith("rljob_kube_api_queue_wait_seconds_bucket{"):
+            continue
+        m = _SAMPLE.match(line)
+        if m is None:
+            continue
+        labels = dict(_LABEL.findall(m["labels"]))
+        le = labels["le"]
+        buckets.setdefault(labels["queue"], Counter())[math.inf if le == "+Inf" else float(le)] += int(float(m["value"]))
+    return {
+        queue: {"calls": b[math.inf], "p50": histogram_quantile(0.5, b), "p99": histogram_quantile(0.99, b)}
+        for queue, b in sorted(buckets.items())
+    }
+
+
 def by_verb(m: ApiMetrics) -> dict[str, int]:
     c: Counter[str] = Counter()
     for (verb, _r, _s), n in m.requests.items():
@@ -642,12 +661,13 @@ def run_rljobs(cluster: Cluster, n: int, args: argparse.Namespace, logs: Path) -
                 args,
             )
             assert fleet.poll() is None, "the fleet stand-in died"
+            waits = pool_waits(operator.metrics())
     finally:
         rec.stop()
         if operator is not None:
             operator.stop()
     drop_namespace(cluster, ns, ("rljobs", "rljob.io"), wait=not args.smoke)
-    return side.report()
+    return {**side.report(), "operator_pool_wait_seconds": waits}
 
 
 def kuberay_binary(args: argparse.Namespace) -> str | None:

@@ -13,13 +13,19 @@ So the queue is ordered by who asked, not by when:
    and its status writes, the relist): first, in arrival order. They are few and each is on
    someone's critical path (a standby takes over when the Lease is not renewed; a trainer waits
    on its control call);
-2. calls of a pass, ordered by the pass's rank (`in_pass`), then arrival order. The rank is when
-   the pass started, or, while its job is still converging (cells waiting for pods), when the
-   pass that began that work started (`JobRuntime.queue_rank`): a job becomes ready over a few
-   passes, and each of them ranks as its first. Work that has started is served before work
-   that started after it, so the oldest passes finish within their bound and a flood of new
-   passes waits its turn instead of making every pass late. Calls of a pass that timed out
-   anyway were cancelled with it and are dropped, never sent.
+2. calls of a pass that acts on news (a spec edit, a pod or a probe that woke it, a job still
+   converging, a retry after an error), ordered by the pass's rank (`in_pass`), then arrival
+   order. The rank is when the pass started, or, while its job is still converging (cells
+   waiting for pods), when the pass that began that work started (`JobRuntime.queue_rank`): a
+   job becomes ready over a few passes, and each of them ranks as its first. Work that has
+   started is served before work that started after it, so the oldest passes finish within
+   their bound and a flood of new passes waits its turn instead of making every pass late.
+   Calls of a pass that timed out anyway were cancelled with it and are dropped, never sent;
+3. calls of a resync: a pass that only checks a job at rest (its timer ran out, nothing woke
+   it), by the same order. At 1,000 jobs at rest those checks (the children's drift reads) keep
+   the pool busy, and a user's edit queued behind every check that started before it: a
+   replicas change waited 12 s for its pod (p50, bench/RESULTS.md). A check can wait; an edit,
+   a dead engine's replacement, a job becoming ready should not.
 
 The rank travels in a context variable set by `JobRuntime.run_pass`, so it reaches every call
 of the pass, those of sub-tasks it gathers or spawns included (asyncio copies the context into
@@ -34,6 +40,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
@@ -43,31 +50,34 @@ from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
-# The running pass's rank: when the work it continues started (a perf_counter reading); None outside passes.
-PASS_STARTED: ContextVar[float | None] = ContextVar("rljob_pass_started", default=None)
+Rank = tuple[int, float]  # (queue, when the work began: a perf_counter reading)
+OUTSIDE, WORK, RESYNC = 0, 1, 2  # the queues, served in this order
+QUEUE_NAMES = ("outside", "work", "resync")  # the metrics' label for each
+OUTSIDE_PASSES: Rank = (OUTSIDE, 0.0)
 
-Rank = tuple[int, float]
-OUTSIDE_PASSES: Rank = (0, 0.0)
+# The running pass's rank; None outside passes.
+PASS_RANK: ContextVar[Rank | None] = ContextVar("rljob_pass_rank", default=None)
 
 
-def rank(pass_started: float | None) -> Rank:
+def rank(pass_started: float | None, queue: int = WORK) -> Rank:
     """The queue rank of a call made by the pass started at `pass_started` (None: no pass)."""
-    return OUTSIDE_PASSES if pass_started is None else (1, pass_started)
+    return OUTSIDE_PASSES if pass_started is None else (queue, pass_started)
 
 
 def current_rank() -> Rank:
     """The rank of a call made here and now (from the running task's context)."""
-    return rank(PASS_STARTED.get())
+    return PASS_RANK.get() or OUTSIDE_PASSES
 
 
 @contextmanager
-def in_pass(started: float) -> Iterator[None]:
-    """Mark the calls made inside (and in tasks created inside) as the pass started at `started`."""
-    token = PASS_STARTED.set(started)
+def in_pass(started: float, *, resync: bool = False) -> Iterator[None]:
+    """Mark the calls made inside (and in tasks created inside) as the pass started at `started`,
+    a resync (`resync`) or work."""
+    token = PASS_RANK.set(rank(started, RESYNC if resync else WORK))
     try:
         yield
     finally:
-        PASS_STARTED.reset(token)
+        PASS_RANK.reset(token)
 
 
 @dataclass(order=True)
@@ -112,6 +122,11 @@ class CallQueue(Generic[T]):
 class _Work:
     future: Future[Any]
     fn: Callable[[], Any]
+    rank: Rank
+    queued_at: float
+
+
+WaitObserver = Callable[[Rank, float], None]
 
 
 class PriorityPool:
@@ -125,13 +140,15 @@ class PriorityPool:
 
     COMPACT_MIN = 1024
 
-    def __init__(self, threads: int, name: str = "kubeapi") -> None:
+    def __init__(self, threads: int, name: str = "kubeapi", on_wait: WaitObserver | None = None) -> None:
+        """`on_wait(rank, seconds)` is told, on the serving thread, how long each call waited."""
         if threads < 1:
             raise ValueError("a pool needs at least one thread")
         self._cv = threading.Condition()
         self._queue: CallQueue[_Work] = CallQueue()
         self._closed = False
         self._compact_at = self.COMPACT_MIN
+        self._on_wait = on_wait
         self._threads = [threading.Thread(target=self._serve, name=f"{name}_{i}", daemon=True) for i in range(threads)]
         for t in self._threads:
             t.start()
@@ -146,7 +163,7 @@ class PriorityPool:
         with self._cv:
             if self._closed:
                 raise RuntimeError("the pool is shut down")
-            self._queue.push(_Work(future, fn), rank_)
+            self._queue.push(_Work(future, fn, rank_, time.perf_counter()), rank_)
             if len(self._queue) >= 2 * self._compact_at:
                 self._queue.keep(lambda w: not w.future.cancelled())
                 self._compact_at = max(self.COMPACT_MIN, len(self._queue))
@@ -171,6 +188,8 @@ class PriorityPool:
                 work = self._queue.pop()
             if not work.future.set_running_or_notify_cancel():
                 continue  # its caller gave up (a pass that timed out): never sent
+            if self._on_wait is not None:
+                self._on_wait(work.rank, time.perf_counter() - work.queued_at)
             try:
                 result = work.fn()
             except BaseException as e:

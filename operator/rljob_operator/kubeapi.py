@@ -40,7 +40,7 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from controller_runtime.errors import ControllerError
-from rljob_operator.api_pool import PriorityPool, current_rank
+from rljob_operator.api_pool import PriorityPool, WaitObserver, current_rank
 from rljob_operator.kinds import API_VERSION, KIND, PLURALS
 
 COMPONENT = "rljob-operator"  # Events' source and reporting component
@@ -142,10 +142,20 @@ def event_body(involved: Mapping[str, Any], type_: str, reason: str, message: st
 class KubeApi:
     """Plain-dict REST calls through the official client, off the event loop."""
 
-    def __init__(self, api_client: client.ApiClient, threads: int = 8, request_timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        api_client: client.ApiClient,
+        threads: int = 8,
+        request_timeout: float = 30.0,
+        on_wait: WaitObserver | None = None,
+    ) -> None:
         self.api_client = api_client
         self.request_timeout = request_timeout
-        self._pool = PriorityPool(threads, "kubeapi")
+        self._pool = PriorityPool(threads, "kubeapi", on_wait)
+
+    def queued(self) -> int:
+        """Calls waiting for a thread of this client's pool."""
+        return self._pool.queued()
 
     def close(self) -> None:
         self._pool.shutdown()

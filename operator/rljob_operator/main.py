@@ -98,13 +98,14 @@ def named_client(s: OperatorSettings, connections: int | None = None) -> ApiClie
 async def run_operator(s: OperatorSettings) -> int:
     if s.kubeconfig:
         os.environ["KUBECONFIG"] = s.kubeconfig  # kopf's own login reads it
-    kube = KubeApi(named_client(s, API_THREADS), threads=API_THREADS)
+    metrics = Metrics()
+    kube = KubeApi(named_client(s, API_THREADS), threads=API_THREADS, on_wait=metrics.observe_queue_wait)
+    metrics.kube_api_queued.set_function(kube.queued)
     events_kube = KubeApi(named_client(s, EVENT_THREADS), threads=EVENT_THREADS)
     # The Lease gets a client and a thread of its own: on a slow API server, renewals queued
     # behind the reconcile traffic on the shared pool missed the renew deadline and the
     # replica gave up leading (tests/reliability/test_api_faults.py, one second per request).
     lease_kube = KubeApi(named_client(s), threads=1, request_timeout=s.renew_deadline_seconds)
-    metrics = Metrics()
     registry = JobRegistry()
     lost = asyncio.Event()
 

@@ -26,6 +26,7 @@ from prometheus_client.registry import Collector
 from controller_runtime.clock import Clock, RealClock
 from controller_runtime.events import ControllerEvent
 from controller_runtime.metric_specs import CELL, JOB, MetricSpec, build_metric
+from rljob_operator.api_pool import QUEUE_NAMES, Rank
 from rljob_operator.job_gauges import JobSnapshot, job_samples
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -138,6 +139,20 @@ SPECS: tuple[MetricSpec, ...] = (
         "Controller API call latency.",
         (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10),
     ),
+    MetricSpec(
+        "rljob_kube_api_queued",
+        "gauge",
+        (),
+        "Kubernetes API calls of the reconcile passes waiting for a thread of the operator's pool, at scrape time.",
+    ),
+    MetricSpec(
+        "rljob_kube_api_queue_wait_seconds",
+        "histogram",
+        ("queue",),
+        "How long a Kubernetes API call waited for a thread of the pool, by queue: outside (not a pass), "
+        "work, resync (a check of a job at rest).",
+        (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+    ),
 )
 # Families computed at scrape time from the last written status.
 SCRAPED = tuple(s for s in SPECS if s.labels[:2] == JOB and s.type == "gauge")
@@ -226,6 +241,13 @@ class Metrics:
         self.jobs = built["rljob_jobs"]
         self.asyncio_tasks = built["rljob_operator_asyncio_tasks"]
         self.asyncio_tasks.set_function(asyncio_task_count)
+        self.kube_api_queued = built["rljob_kube_api_queued"]
+        self.kube_api_queue_wait = built["rljob_kube_api_queue_wait_seconds"]
+        self._queue_waits = [self.kube_api_queue_wait.labels(q) for q in QUEUE_NAMES]
+
+    def observe_queue_wait(self, rank: Rank, seconds: float) -> None:
+        """A pool call's wait for a thread (`api_pool.PriorityPool`'s `on_wait`; any thread)."""
+        self._queue_waits[rank[0]].observe(seconds)
 
     def set_max_restarts(self, namespace: str, job: str, max_restarts: int) -> None:
         snap = self.job_gauges.jobs.setdefault((namespace, job), JobSnapshot())

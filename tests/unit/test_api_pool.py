@@ -10,7 +10,17 @@ import threading
 from typing import Any
 
 import pytest
-from rljob_operator.api_pool import OUTSIDE_PASSES, PASS_STARTED, CallQueue, PriorityPool, in_pass, rank
+from rljob_operator.api_pool import (
+    OUTSIDE_PASSES,
+    PASS_RANK,
+    RESYNC,
+    WORK,
+    CallQueue,
+    PriorityPool,
+    Rank,
+    in_pass,
+    rank,
+)
 from rljob_operator.kubeapi import KubeApi, NotFound
 from rljob_operator.metrics import Metrics
 from rljob_operator.reconcile.job_runtime import JobRuntime
@@ -18,7 +28,7 @@ from rljob_operator.registry import JobRegistry
 
 from controller_runtime.clock import FakeClock
 from controller_runtime.fakes import FakeEngines, FakePlatform
-from tests.unit.test_job_runtime import FakeKube, rljob
+from tests.unit.test_job_runtime import FakeKube, rljob, runtime, settle
 
 
 class _Response:
@@ -62,16 +72,17 @@ async def hold_the_only_thread(kube: KubeApi, client: GatedClient) -> asyncio.Ta
     return held
 
 
-def queue_in_order(*calls: tuple[float | None, str], kube: KubeApi) -> list[asyncio.Task[Any]]:
-    """Tasks making each call as the pass started at that time (None: outside passes), created in
-    this order; each submits its request in its first step, in creation order."""
+def queue_in_order(*calls: tuple[float | Rank | None, str], kube: KubeApi) -> list[asyncio.Task[Any]]:
+    """Tasks making each call as the pass started at that time (a rank: of that queue; None:
+    outside passes), created in this order; each submits its request in its first step, in
+    creation order."""
     tasks = []
     for started, path in calls:
-        token = PASS_STARTED.set(started)
+        token = PASS_RANK.set(rank(started) if not isinstance(started, tuple) else started)
         try:
             tasks.append(asyncio.create_task(kube.call("GET", path)))
         finally:
-            PASS_STARTED.reset(token)
+            PASS_RANK.reset(token)
     return tasks
 
 
@@ -147,15 +158,15 @@ async def test_errors_and_ok_statuses_come_back_through_the_pool():
 async def test_every_call_of_a_pass_and_of_the_tasks_it_gathers_carries_its_start():
     """`JobRuntime.run_pass` marks the pass: the children step's applies and resync reads run in
     gathered sub-tasks, and each must queue as the pass, not as a call outside passes."""
-    seen: list[float | None] = []
+    seen: list[Rank | None] = []
 
     class RankedKube(FakeKube):
         async def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
-            seen.append(PASS_STARTED.get())
+            seen.append(PASS_RANK.get())
             return await super().apply(obj)
 
         async def patch_rljob_status(self, ns: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
-            seen.append(PASS_STARTED.get())
+            seen.append(PASS_RANK.get())
             return await super().patch_rljob_status(ns, name, status)
 
     body, platform = rljob(), FakePlatform()
@@ -165,7 +176,7 @@ async def test_every_call_of_a_pass_and_of_the_tasks_it_gathers_carries_its_star
                     controller_url="http://op:8080", resync_seconds=5, clock=FakeClock(), engines=FakeEngines())
     await rt.run_pass()
     assert len(seen) >= 2 and None not in seen and len(set(seen)) == 1
-    assert PASS_STARTED.get() is None  # and the mark ends with the pass
+    assert PASS_RANK.get() is None  # and the mark ends with the pass
 
 
 def test_queue_order_outside_passes_first_then_by_pass_start_then_arrival():
@@ -228,7 +239,8 @@ async def test_a_converging_job_keeps_the_rank_of_the_pass_that_began_its_work()
     inner = rt._run_pass
 
     async def spy(started: float) -> float:
-        ranks.append((PASS_STARTED.get(), started))
+        r = PASS_RANK.get()
+        ranks.append((r[1] if r else None, started))
         return await inner(started)
 
     rt._run_pass = spy  # type: ignore[method-assign]
@@ -252,3 +264,60 @@ def test_a_job_converging_too_long_queues_as_a_new_pass_again():
     rt._working_since = 100.0
     assert rt.queue_rank(100.0 + CONVERGING_RANK_SECONDS) == 100.0
     assert rt.queue_rank(100.0 + CONVERGING_RANK_SECONDS + 1) == 100.0 + CONVERGING_RANK_SECONDS + 1
+
+
+async def test_an_edit_is_served_ahead_of_a_backlog_of_resync_checks_that_started_before_it():
+    """At 1,000 jobs at rest the resync's drift reads keep the pool busy; an edit's calls queued
+    behind every check that started before it (a replicas change waited 12 s for its pod, p50).
+    A check can wait: work goes first, however late it started."""
+    client = GatedClient(hold="/a/first")
+    kube = KubeApi(client, threads=1)  # type: ignore[arg-type]
+    try:
+        held = await hold_the_only_thread(kube, client)
+        checks = queue_in_order(*(((RESYNC, 1.0 + i), f"/check/{i}") for i in range(40)), kube=kube)
+        (edit,) = queue_in_order(((WORK, 100.0), "/edit"), kube=kube)
+        (lease,) = queue_in_order((None, "/lease"), kube=kube)
+        await asyncio.sleep(0)  # one loop turn: every task above queues its call
+        client.release.set()
+        await asyncio.gather(held, edit, lease, *checks)
+        assert client.served[1:3] == ["/lease", "/edit"]
+        assert client.served[3:] == [f"/check/{i}" for i in range(40)]  # checks: by their start
+    finally:
+        client.release.set()
+        kube.close()
+
+
+async def test_a_pass_of_a_job_at_rest_queues_as_a_resync_and_an_edit_or_a_poke_as_work():
+    """What decides the queue of a pass's calls (`JobRuntime.resyncing`): a pass whose timer ran
+    out with nothing new is a resync; an edit (even one no watch event announced: the relist's),
+    a poke (a pod event, a probe's verdict) and a job whose cells wait are work."""
+    body, platform, clock = rljob(), FakePlatform(), FakeClock()
+    rt, _, _ = runtime(body, platform, clock)
+    queues: list[int] = []
+    inner = rt._run_pass
+
+    async def spy(started: float) -> float:
+        r = PASS_RANK.get()
+        assert r is not None
+        queues.append(r[0])
+        return await inner(started)
+
+    rt._run_pass = spy  # type: ignore[method-assign]
+    await rt.run_pass()
+    assert queues == [WORK], "a job's first pass is work"
+    await settle(rt)
+    queues.clear()
+    await rt.run_pass()
+    await rt.run_pass()
+    assert queues == [RESYNC, RESYNC], "a job at rest: its passes only check"
+    rt.poke()
+    await rt.run_pass()
+    await rt.run_pass()
+    assert queues[2:] == [WORK, RESYNC], "a poke makes the next pass work, and only that one"
+    body["metadata"]["generation"] = 2
+    body["spec"]["inference"]["replicas"] = 3  # edited in place: no watch event, no poke
+    await rt.run_pass()
+    assert queues[4] == WORK and rt.controller is not None
+    assert any(c.state.name == "Pending" for c in rt.controller.fleet.all())
+    await rt.run_pass()
+    assert queues[5] == WORK, "the new cell waits for its pods: its job's passes are work"

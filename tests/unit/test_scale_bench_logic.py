@@ -63,3 +63,20 @@ def test_scale_nodes_get_loopback_pod_cidrs_apart_from_every_worktrees_nodes() -
     nodes = json.loads(b.scale_nodes_yaml(255, 2))["items"]
     assert [n["spec"]["podCIDR"] for n in nodes] == ["127.71.255.0/24", "127.72.0.0/24"]
     assert nodes[0]["status"]["allocatable"]["nvidia.com/gpu"] == "64"
+
+
+def test_the_operators_pool_waits_are_read_by_queue_from_its_own_metrics() -> None:
+    """The operator's exposition, as its /metrics serves it, read back by the benchmark."""
+    from rljob_operator.api_pool import OUTSIDE_PASSES, RESYNC, WORK
+    from rljob_operator.metrics import Metrics
+
+    metrics = Metrics()
+    for _ in range(9):
+        metrics.observe_queue_wait((RESYNC, 1.0), 7.0)
+    metrics.observe_queue_wait((RESYNC, 2.0), 0.003)
+    metrics.observe_queue_wait((WORK, 3.0), 0.002)
+    metrics.observe_queue_wait(OUTSIDE_PASSES, 0.0005)
+    waits = load_bench().pool_waits(metrics.exposition().decode())
+    assert set(waits) == {"outside", "work", "resync"}
+    assert waits["resync"]["calls"] == 10 and waits["work"]["calls"] == 1
+    assert 5.0 < waits["resync"]["p50"] <= 10.0 and waits["work"]["p99"] <= 0.005

@@ -129,6 +129,7 @@ class JobRuntime:
         self.queue = queueing.QueueSeen()  # Kueue's last decision (nothing for an unqueued job)
         self._applied: children.Applied | None = None
         self._wake = asyncio.Event()
+        self._woken = False  # something poked the loop since the last pass started (`resyncing`)
         self._errors = 0
         self._last_error = ""
         self._pass_key: tuple[Any, ...] | None = None  # wake_key of the body the last pass started from
@@ -232,6 +233,7 @@ class JobRuntime:
         return self.fleet.controller
 
     def poke(self) -> None:
+        self._woken = True
         self._wake.set()
 
     def poke_for_pod(self, pod: Mapping[str, Any]) -> None:
@@ -334,12 +336,28 @@ class JobRuntime:
             return self.resync_seconds
         started = time.perf_counter()
         rank = self.queue_rank(started)
+        resync = self.resyncing()
+        self._woken = False
         # Every Kubernetes call of this pass (its sub-tasks' too) queues by `rank`: ahead of later
-        # work's, so that a busy pool finishes the jobs it began (`api_pool`).
-        with in_pass(rank):
+        # work's, so that a busy pool finishes the jobs it began, and a resync's behind all work
+        # (`api_pool`).
+        with in_pass(rank, resync=resync):
             delay = await self._run_pass(started)
         self._working_since = rank if self.converging() else None
         return delay
+
+    def resyncing(self) -> bool:
+        """Whether the pass about to start only checks a job at rest: nothing woke it (no edit, no
+        pod or probe news), the last pass acted on the same spec and labels and did not fail, and
+        no cell waits for anything. Its Kubernetes calls queue behind every other pass's."""
+        return (
+            not self._woken
+            and self._confirmed
+            and self._errors == 0
+            and self._working_since is None
+            and wake_key(self.body) == self._pass_key
+            and not self.converging()
+        )
 
     def queue_rank(self, started: float) -> float:
         """When the work this pass continues began: the first pass since the job last had nothing
