@@ -279,9 +279,15 @@ class Agent:
         venv_bin = str(Path(sys.executable).parent)
         if env.get("PATH", "").split(":")[0] != venv_bin:
             env["PATH"] = f"{venv_bin}:{env.get('PATH', '')}"
-        if self.podnet is not None and self.kubernetes_service:
-            host, _, port = self.kubernetes_service.rpartition(":")
-            env.update({"KUBERNETES_SERVICE_HOST": host, "KUBERNETES_SERVICE_PORT": port})
+        if self.podnet is not None:
+            # A pod in its own network reaches the API server as a real kubelet's pod does: by its
+            # ServiceAccount and the `kubernetes` Service. The host's kubeconfig (the loopback
+            # cluster's, when the agent was started from a shell that exported it) would win over
+            # both in every client library and point at an address this network cannot reach.
+            env.pop("KUBECONFIG", None)
+            if self.kubernetes_service:
+                host, _, port = self.kubernetes_service.rpartition(":")
+                env.update({"KUBERNETES_SERVICE_HOST": host, "KUBERNETES_SERVICE_PORT": port})
         env.update(defined)
         env[MARKER_ENV] = pod.metadata.uid
         return env
