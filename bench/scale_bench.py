@@ -42,6 +42,7 @@ import math
 import os
 import platform
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -637,7 +638,7 @@ def run_rljobs(cluster: Cluster, n: int, args: argparse.Namespace, logs: Path) -
         return f"{job}-cell-4-g0-0"
 
     rec = Recorder(cluster, ns, "rljobs", "rljob.io", "v1alpha1", rljob_ready)
-    operator = None
+    operator, finished = None, False
     try:
         with process(
             [sys.executable, str(FLEET), "--kubeconfig", str(cluster.kubeconfig), "--namespace", ns],
@@ -662,11 +663,13 @@ def run_rljobs(cluster: Cluster, n: int, args: argparse.Namespace, logs: Path) -
             )
             assert fleet.poll() is None, "the fleet stand-in died"
             waits = pool_waits(operator.metrics())
+            finished = True
     finally:
         rec.stop()
         if operator is not None:
             operator.stop()
-    drop_namespace(cluster, ns, ("rljobs", "rljob.io"), wait=not args.smoke)
+        # a failed or stopped run leaves no fleet behind (the cluster is the suite's): go, unwaited
+        drop_namespace(cluster, ns, ("rljobs", "rljob.io"), wait=finished and not args.smoke)
     return {**side.report(), "operator_pool_wait_seconds": waits}
 
 
@@ -720,6 +723,7 @@ def run_rayclusters(
     argv = [binary, f"--kubeconfig={cluster.kubeconfig}", "--enable-leader-election=false",
             f"--metrics-addr=127.0.0.1:{free_port()}", f"--health-probe-bind-address=127.0.0.1:{health}",
             "--log-stdout-encoder=console", f"--watch-namespace={ns}"]  # fmt: skip
+    finished = False
     try:
         with process(argv, logs / f"kuberay-{ns}.log") as kuberay:
             wait_for(lambda: http_status(f"http://127.0.0.1:{health}/readyz") == 200 or kuberay.poll() is not None,
@@ -730,9 +734,10 @@ def run_rayclusters(
             side = measure_side(cluster, "RayClusters", ns, objs, kuberay.pid, rec, create, change,
                                 (Path(binary).name + "/",), args)  # fmt: skip
             assert kuberay.poll() is None, "KubeRay exited"
+            finished = True
     finally:
         rec.stop()
-    drop_namespace(cluster, ns, None, wait=not args.smoke)
+        drop_namespace(cluster, ns, None, wait=finished and not args.smoke)
     return side.report()
 
 
@@ -864,6 +869,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    # `bench/run`'s timeout (or a user's kill) sends SIGTERM: unwind through the `finally`s, which
+    # stop the operators and delete the fleet's namespace and nodes, instead of dying with them there
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     result = run(args)
     text = json.dumps(result, indent=2)
     if args.json_out:

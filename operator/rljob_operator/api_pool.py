@@ -100,6 +100,10 @@ class CallQueue(Generic[T]):
     def push(self, item: T, rank_: Rank) -> None:
         heapq.heappush(self._heap, _Entry(rank_, next(self._seq), item))
 
+    def front(self) -> Rank | None:
+        """The rank served next (a cancelled item's included); None when empty."""
+        return self._heap[0].rank if self._heap else None
+
     def pop(self) -> T:
         """The item to serve next (IndexError when empty)."""
         return heapq.heappop(self._heap).item
@@ -157,6 +161,12 @@ class PriorityPool:
         """Calls waiting for a thread (cancelled ones not yet dropped included)."""
         with self._cv:
             return len(self._queue)
+
+    def work_waiting(self) -> bool:
+        """Whether a call that is not a resync's waits for a thread."""
+        with self._cv:
+            front = self._queue.front()
+        return front is not None and front[0] < RESYNC
 
     def submit(self, fn: Callable[[], Any], rank_: Rank) -> Future[Any]:
         future: Future[Any] = Future()

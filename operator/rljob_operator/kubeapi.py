@@ -157,6 +157,10 @@ class KubeApi:
         """Calls waiting for a thread of this client's pool."""
         return self._pool.queued()
 
+    def has_work_waiting(self) -> bool:
+        """Whether calls other than resyncs' wait for a thread (`api_pool`)."""
+        return self._pool.work_waiting()
+
     def close(self) -> None:
         self._pool.shutdown()
 

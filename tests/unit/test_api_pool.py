@@ -321,3 +321,25 @@ async def test_a_pass_of_a_job_at_rest_queues_as_a_resync_and_an_edit_or_a_poke_
     assert any(c.state.name == "Pending" for c in rt.controller.fleet.all())
     await rt.run_pass()
     assert queues[5] == WORK, "the new cell waits for its pods: its job's passes are work"
+
+
+def test_the_pool_tells_whether_work_other_than_resyncs_waits():
+    """What the children's drift check asks before it queues its reads (`children.py`)."""
+    pool = PriorityPool(1, "t")
+    gate, entered = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        entered.set()
+        gate.wait(10)
+
+    try:
+        pool.submit(hold, OUTSIDE_PASSES)
+        assert entered.wait(10)
+        assert not pool.work_waiting()
+        pool.submit(lambda: None, rank(1.0, RESYNC))
+        assert not pool.work_waiting(), "only resyncs wait"
+        pool.submit(lambda: None, rank(5.0))
+        assert pool.work_waiting()
+    finally:
+        gate.set()
+        pool.shutdown()

@@ -32,6 +32,7 @@ class FakeKube:
         self.platform: FakePlatform | None = None
         self.fresh: dict[str, Any] | None = None  # what a GET of the RLJob answers (None: `body`)
         self.rljob_gets = 0
+        self.work_waiting = False  # what KubeApi.has_work_waiting answers
 
     async def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
         self.applied.append(obj)
@@ -39,6 +40,9 @@ class FakeKube:
         stored["metadata"]["resourceVersion"] = "1"  # what the server adds is not drift
         self.stored[f"{obj['kind']}/{obj['metadata']['name']}"] = stored
         return obj
+
+    def has_work_waiting(self) -> bool:
+        return self.work_waiting
 
     async def get_stored(self, obj: dict[str, Any]) -> dict[str, Any] | None:
         key = f"{obj['kind']}/{obj['metadata']['name']}"
@@ -528,6 +532,30 @@ async def test_the_children_resync_reads_and_writes_only_what_drifted():
         "Deployment/job-rollout",
         "Service/job-engines",
     ]
+
+
+async def test_the_drift_check_waits_while_other_work_is_queued_but_not_past_its_bound():
+    """Queued behind a 1,000-job ramp's work, a resync's drift reads waited 72 s on average with
+    the job's loop blocked in them (no edit, no replacement acted on meanwhile). The check is put
+    off while work is queued, and queued anyway once `CHILDREN_RESYNC_OVERDUE_SECONDS` late."""
+    from rljob_operator.reconcile.children import CHILDREN_RESYNC_OVERDUE_SECONDS, CHILDREN_RESYNC_SECONDS
+
+    clock, platform, body = FakeClock(), FakePlatform(), rljob()
+    rt, kube, _ = runtime(body, platform, clock)
+    await settle(rt)
+    kube.reads.clear()
+    kube.work_waiting = True
+    await clock.advance(CHILDREN_RESYNC_SECONDS + 1)
+    await settle(rt, passes=2)
+    assert kube.reads == [], "the check waits for the pool's work"
+    await clock.advance(CHILDREN_RESYNC_OVERDUE_SECONDS)
+    await settle(rt, passes=1)
+    assert "Service/job-engines" in kube.reads, "an overdue check is made anyway"
+    kube.reads.clear()
+    kube.work_waiting = False
+    await clock.advance(CHILDREN_RESYNC_SECONDS + 1)
+    await settle(rt, passes=1)
+    assert "Service/job-engines" in kube.reads, "a free pool: checked when due"
 
 
 async def test_only_a_change_besides_the_status_wakes_the_loop():

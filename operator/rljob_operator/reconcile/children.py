@@ -6,7 +6,10 @@ generation changed (spec edits, suspend) and when the operator starts on a job; 
 every `CHILDREN_RESYNC_SECONDS`, each child is read and applied again only if it is missing or
 no longer holds what was applied (`drift.holds`): drift is repaired (a deleted Service comes
 back, a hand-edited port is reverted) and a job whose children are as applied costs reads,
-never writes (an apply that changes nothing is still a write request; issue 13).
+never writes (an apply that changes nothing is still a write request; issue 13). The check
+waits while the operator's API pool has other work queued, up to `CHILDREN_RESYNC_OVERDUE_SECONDS`:
+queued, its reads rank behind all work (`api_pool`), and during a 1,000-job ramp they waited
+72 s on average, the job's loop blocked in them all that time (no edit or dead engine acted on).
 The trainer Job's outcome is read on every pass: it decides Succeeded/Failed.
 
 A Job's pod template is immutable, so a trainer change that reaches it (replicas changes
@@ -58,6 +61,7 @@ from rljob_operator.reconcile.trainer_restart import (
 )
 
 CHILDREN_RESYNC_SECONDS = 30.0
+CHILDREN_RESYNC_OVERDUE_SECONDS = 300.0  # a check this late is queued even behind work
 
 
 @dataclass(frozen=True)
@@ -170,7 +174,9 @@ async def ensure_children(
         objs = desired_children(job_object, controller_url, flavors, attempt)
         await asyncio.gather(*(apply_child(job, obj) for obj in objs))
         applied = Applied(generation, now, noted)
-    elif now - applied.at >= CHILDREN_RESYNC_SECONDS:
+    elif now - applied.at >= CHILDREN_RESYNC_SECONDS and (
+        now - applied.at >= CHILDREN_RESYNC_OVERDUE_SECONDS or not job.kube.has_work_waiting()
+    ):
         objs = desired_children(job_object, controller_url, flavors, attempt)
         await asyncio.gather(*(reapply_if_drifted(job, obj) for obj in objs))
         applied = Applied(generation, now, noted)
