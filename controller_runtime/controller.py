@@ -118,6 +118,7 @@ class InferenceController:
         *,
         serve_initial_weights: bool = False,
         poll_seconds: float = 10.0,
+        probes_wake_passes: bool = True,
         call_timeout_seconds: float = 120.0,
         pass_timeout_seconds: float = 120.0,
         flush_retries: int = 60,
@@ -131,6 +132,9 @@ class InferenceController:
         self.clock: Clock = clock or RealClock()
         self.serve_initial_weights = serve_initial_weights
         self.poll_seconds = poll_seconds
+        # False: a pass's delay leaves out when probes fall due, and the driver starts them on
+        # time itself (`seconds_until_probe`, `probe_health`) without a whole pass (the operator).
+        self.probes_wake_passes = probes_wake_passes
         self.call_timeout = call_timeout_seconds
         self.pass_timeout = pass_timeout_seconds
         self.labels = dict(labels or {})  # extra labels for the platform to put on every cell
@@ -401,12 +405,27 @@ class InferenceController:
                     placed_by = cell.created_time + self.spec.health_check.scheduling_deadline_seconds
                     if placed_by > now:
                         waits.append(placed_by - now)
-            if cell.name in self._probing:
-                waits.append(max(self.health.seconds_until_due(cell.name),
-                                 self._probe_deadline.get(cell.name, now) - now))
-            elif self.health.wants_probe(cell):
-                waits.append(self.health.seconds_until_due(cell.name))
+            if self.probes_wake_passes:
+                probe = self._probe_wait(cell, now)
+                if probe is not None:
+                    waits.append(probe)
         return max(0.0, min(waits))
+
+    def _probe_wait(self, cell: Cell, now: float) -> float | None:
+        """Seconds until the cell's probe falls due (its running probe's deadline included)."""
+        if cell.name in self._probing:
+            return max(self.health.seconds_until_due(cell.name), self._probe_deadline.get(cell.name, now) - now)
+        if self.health.wants_probe(cell):
+            return self.health.seconds_until_due(cell.name)
+        return None
+
+    def seconds_until_probe(self) -> float | None:
+        """Seconds until `probe_health` has a probe to start (None: none to start): when a driver
+        whose passes do not wake for probes (`probes_wake_passes`) calls it next. A cell whose
+        probe is out is not counted: that probe, and a failing cell's re-probes, run on their own."""
+        waits = [self.health.seconds_until_due(c.name) for c in self.fleet.all()
+                 if c.name not in self._probing and self.health.wants_probe(c)]
+        return min(waits) if waits else None
 
     # == health =============================================================================
 
@@ -424,7 +443,7 @@ class InferenceController:
             due = [(c, self.fleet.client(c)) for c in self.fleet.all()
                    if c.name not in self._probing and self.health.wants_probe(c) and self.health.is_due(c.name)]
             started = [self._start_probe(c, client) for c, client in due]  # each: its first answer applied
-        if not started:
+        if not started or wait == 0:
             return
         if wait is None:
             await asyncio.wait(started)

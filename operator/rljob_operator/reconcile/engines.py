@@ -155,6 +155,7 @@ class EngineFleet:
                 restore=restore,
                 serve_initial_weights=True,
                 poll_seconds=self.job.resync_seconds,
+                probes_wake_passes=False,  # the job's loop starts them between passes (`JobRuntime.wait`)
                 audit=job_audit(self.job.namespace, self.job.name),
             )
             self._inference_spec = inference

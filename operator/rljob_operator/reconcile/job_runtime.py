@@ -13,6 +13,7 @@ pass's). The steps know nothing of this class, so it sits above them all.
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -136,6 +137,7 @@ class JobRuntime:
         self._working_since: float | None = None  # queue rank of the work the passes continue (`queue_rank`)
         self._confirmed = False  # the RLJob was read afresh (`confirm_body`) before a pass acted on it
         self._pass_specs: PassSpecs | None = None  # the spec as the running pass reads it (`spec`)
+        self._kept_spec: tuple[dict[str, Any], RLJobSpec] | None = None  # (a copy of the raw spec, validated)
 
     # ---------------------------------------------------------------- views
     @property
@@ -186,16 +188,26 @@ class JobRuntime:
         return int(g) if g is not None else None
 
     def spec(self) -> RLJobSpec:
-        """The spec as the user wrote it; validated once per pass.
+        """The spec as the user wrote it; validated once per pass, and once per spec.
 
         A pass reads it several times (its steps, the manifests of two steps, Kueue's Workload,
         the status it writes), and validating an RLJobSpec costs ~90 us: at steady state
         with 300 jobs that was a quarter of the event loop's busy time (py-spy, bench/RESULTS.md).
-        The pass acts on one snapshot; a spec edit during the pass wakes the next one."""
+        The pass acts on one snapshot; a spec edit during the pass wakes the next one.
+        Once per pass was still a fifth of the loop at 1,000 jobs (158 passes/s, each validation
+        5x dearer with the API threads contending for the GIL), so the validated spec is kept
+        across passes with a copy of what it was validated from; comparing the two dicts costs
+        a few microseconds in C, and any edit, in place or a new body, makes them differ."""
         memo = self._pass_specs
         if memo is not None and memo.user is not None:
             return memo.user
-        spec = RLJobSpec.model_validate(self.body.get("spec") or {})
+        raw = self.body.get("spec") or {}
+        kept = self._kept_spec
+        if kept is not None and kept[0] == raw:
+            spec = kept[1]
+        else:
+            spec = RLJobSpec.model_validate(raw)
+            self._kept_spec = (copy.deepcopy(dict(raw)), spec)
         if memo is not None:
             memo.user = spec
         return spec
@@ -431,22 +443,52 @@ class JobRuntime:
         try:
             while not stopped and not self._ended:
                 delay = await self.run_pass()
-                await self._sleep(delay, stopped)
+                await self.wait(delay, stopped)
         finally:
             await release_job(self.job, self.fleet, self.metrics)
 
-    async def _sleep(self, seconds: float, stopped: Any) -> None:
+    async def wait(self, seconds: float, stopped: Any) -> None:
+        """Until the next pass is due (or something wakes the loop), starting the engine probes
+        that fall due meanwhile, without a pass.
+
+        A job's probes used to be started by passes: the controller asked for a pass whenever a
+        cell's probe fell due, and a job whose 4 cells became Serving at different times ran up
+        to 4 whole passes per probe interval (the children step, Kueue, the status diff) to start
+        4 probes. At 1,000 jobs that was 158 passes/s where the 10 s resync asks for 100, and the
+        passes and probes held the event loop and the GIL most of the time (py-spy): a changed
+        job waited seconds for its turn, and once the Lease renewal too (its rounds 4-8 s apart
+        against 2). A probe's verdict that changes a cell still wakes a pass
+        (`EngineFleet._on_controller_event`)."""
+        end = time.monotonic() + seconds
+        while True:
+            left = end - time.monotonic()
+            ctl = self.fleet.controller
+            due = ctl.seconds_until_probe() if ctl is not None and self.acting() else None
+            if ctl is None or due is None or due >= left:
+                await self._sleep(max(0.0, left), stopped)
+                return
+            if await self._sleep(due, stopped) or stopped or self._ended:
+                return
+            # the probes' Kubernetes calls (a cell's serving label) queue as this job's work
+            if ctl is not self.fleet.controller:
+                continue  # released (suspended, deleted) or rebuilt while we slept
+            with in_pass(self.queue_rank(time.perf_counter())):
+                await ctl.probe_health(wait=0)
+
+    async def _sleep(self, seconds: float, stopped: Any) -> bool:
+        """Whether the loop was woken (or stopped) before `seconds` passed."""
         async def stop_wait() -> None:
             await stopped.wait()
 
         wake = asyncio.ensure_future(self._wake.wait())
         stop = asyncio.ensure_future(stop_wait())
         try:
-            await asyncio.wait({wake, stop}, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait({wake, stop}, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
         finally:
             wake.cancel()
             stop.cancel()
         self._wake.clear()
+        return bool(done)
 
 
 @dataclass
