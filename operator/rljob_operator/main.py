@@ -36,6 +36,7 @@ from rljob_operator.controller_api import ControlServer, ops_app
 from rljob_operator.handlers import OperatorContext, kopf_settings
 from rljob_operator.kubeapi import USER_AGENT, KubeApi, load_api_client
 from rljob_operator.leader import LeaderElector
+from rljob_operator.leader_thread import ElectorThread
 from rljob_operator.lease_store import KubeLeaseStore
 from rljob_operator.logging import configure_logging
 from rljob_operator.metrics import Metrics
@@ -107,14 +108,23 @@ async def run_operator(s: OperatorSettings) -> int:
     # replica gave up leading (tests/reliability/test_api_faults.py, one second per request).
     lease_kube = KubeApi(named_client(s), threads=1, request_timeout=s.renew_deadline_seconds)
     registry = JobRegistry()
-    lost = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    leading, lost = asyncio.Event(), asyncio.Event()
 
-    async def on_started() -> None:
+    def started() -> None:
         metrics.leader.set(1)
+        leading.set()
 
-    async def on_stopped() -> None:
+    def stopped() -> None:
         metrics.leader.set(0)
         lost.set()
+
+    # called on the election's own loop (`leader_thread`): hand over to this one
+    async def on_started() -> None:
+        loop.call_soon_threadsafe(started)
+
+    async def on_stopped() -> None:
+        loop.call_soon_threadsafe(stopped)
 
     elector = LeaderElector(
         KubeLeaseStore(lease_kube, s.effective_lease_namespace, s.lease_name),
@@ -125,6 +135,7 @@ async def run_operator(s: OperatorSettings) -> int:
         on_started_leading=on_started,
         on_stopped_leading=on_stopped,
     )
+    election = ElectorThread(elector)
 
     async def job_exists(ns: str, name: str) -> dict[str, Any] | None:
         return await kube.get_rljob(ns, name)
@@ -145,22 +156,20 @@ async def run_operator(s: OperatorSettings) -> int:
             return False, "kopf stopped"
         return True, "leader" if elector.is_leader() else "standby"
 
-    await elector.tick()  # know the leader before answering: a standby's 503 names it
+    await election.call(elector.tick())  # know the leader before answering: a standby's 503 names it
     api_runner, api_port = await start_site(control.app(), s.api_host, s.api_port)
     ops_runner, ops_port = await start_site(ops_app(metrics, healthy), s.metrics_host, s.metrics_port)
     log.info("listening", extra={"controller_api_port": api_port, "metrics_port": ops_port, "identity": s.identity})
 
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
 
-    elector_stop = asyncio.Event()
-    elector_task = asyncio.create_task(elector.run(elector_stop), name="leader-election")
+    election.start()
     exit_code = 0
     try:
         waiters: list[asyncio.Future[Any]] = [
-            asyncio.ensure_future(elector.leading.wait()), asyncio.ensure_future(stop.wait())]
+            asyncio.ensure_future(leading.wait()), asyncio.ensure_future(stop.wait())]
         await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
         for w in waiters:
             w.cancel()
@@ -217,12 +226,10 @@ async def run_operator(s: OperatorSettings) -> int:
                 await asyncio.wait_for(relist_task, timeout=60)
             await engine_http.close()
     finally:
-        elector_stop.set()
-        elector_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await elector_task
+        await election.stop()
         if exit_code == 0:
-            await elector.release()
+            await election.call(elector.release())
+        election.close()
         await api_runner.cleanup()
         await ops_runner.cleanup()
         kube.close()
