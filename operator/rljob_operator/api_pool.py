@@ -22,10 +22,12 @@ So the queue is ordered by who asked, not by when:
    their bound and a flood of new passes waits its turn instead of making every pass late.
    Calls of a pass that timed out anyway were cancelled with it and are dropped, never sent;
 3. calls of a resync: a pass that only checks a job at rest (its timer ran out, nothing woke
-   it), by the same order. At 1,000 jobs at rest those checks (the children's drift reads) keep
-   the pool busy, and a user's edit queued behind every check that started before it: a
-   replicas change waited 12 s for its pod (p50, bench/RESULTS.md). A check can wait; an edit,
-   a dead engine's replacement, a job becoming ready should not.
+   it), by the same order. A check can wait; an edit, a dead engine's replacement, a job
+   becoming ready should not, and ranked by start an edit queued behind every check that
+   started before it. At 1,000 jobs at rest the checks (the children's drift reads, ~100/s) are
+   most of the pool's calls; the pool was found empty at steady state there (its wait metrics,
+   bench/RESULTS.md), so this order matters when the pool backs up: a slower API server, more
+   jobs. A slow change at 1,000 jobs was the event loop's doing (`JobRuntime.wait`).
 
 The rank travels in a context variable set by `JobRuntime.run_pass`, so it reaches every call
 of the pass, those of sub-tasks it gathers or spawns included (asyncio copies the context into

@@ -267,9 +267,9 @@ def test_a_job_converging_too_long_queues_as_a_new_pass_again():
 
 
 async def test_an_edit_is_served_ahead_of_a_backlog_of_resync_checks_that_started_before_it():
-    """At 1,000 jobs at rest the resync's drift reads keep the pool busy; an edit's calls queued
-    behind every check that started before it (a replicas change waited 12 s for its pod, p50).
-    A check can wait: work goes first, however late it started."""
+    """At 1,000 jobs at rest the resync's drift reads are most of the pool's calls; ranked by start,
+    an edit's calls queued behind every check that started before it. A check can wait: work
+    goes first, however late it started."""
     client = GatedClient(hold="/a/first")
     kube = KubeApi(client, threads=1)  # type: ignore[arg-type]
     try:
