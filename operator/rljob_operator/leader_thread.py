@@ -18,6 +18,7 @@ election's loop, and must hand over to their loop themselves (`call_soon_threads
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Coroutine
 from concurrent.futures import Future
@@ -52,17 +53,15 @@ class ElectorThread:
         await self.elector.run(self._stop)
 
     async def stop(self) -> None:
-        """End the rounds (the one in flight finishes), then the loop and its thread."""
+        """End the rounds (the one in flight finishes); `close` ends the loop and its thread."""
         if self._rounds is not None:
             stop = self._stop
             if stop is not None:
                 self._loop.call_soon_threadsafe(stop.set)
             else:  # not begun yet
                 self._rounds.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.wrap_future(self._rounds)
-            except asyncio.CancelledError:
-                pass
 
     def close(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)

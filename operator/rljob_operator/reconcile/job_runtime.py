@@ -469,9 +469,9 @@ class JobRuntime:
                 return
             if await self._sleep(due, stopped) or stopped or self._ended:
                 return
-            # the probes' Kubernetes calls (a cell's serving label) queue as this job's work
             if ctl is not self.fleet.controller:
                 continue  # released (suspended, deleted) or rebuilt while we slept
+            # the probes' Kubernetes calls (a cell's serving label) queue as this job's work
             with in_pass(self.queue_rank(time.perf_counter())):
                 await ctl.probe_health(wait=0)
 
