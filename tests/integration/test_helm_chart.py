@@ -126,3 +126,15 @@ def test_monitoring_objects_carry_the_tested_rules_and_dashboard_and_are_off_by_
     dashboard = docs["ConfigMap"]
     assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert json.loads(dashboard["data"]["rljob-operator.json"]) == json.loads((files / "dashboard.json").read_text())
+
+
+def test_pod_template_annotations_stay_strings_when_the_checksum_is_all_digits(helm: str) -> None:
+    """The values checksum is 16 hex digits; unquoted, one that happens to be all digits (or
+    digits around one `e`) is a YAML number and the API server refuses the Deployment (a CI run
+    met it: "cannot unmarshal number into ... annotations of type string"). The seed below was
+    found by search to give an all-digit checksum with this chart's values (2724387823805385
+    when it was written); if the values change, it only stops being the hard case."""
+    deploy = next(d for d in _docs(helm, "--set-string", "podAnnotations.seed=1437") if d["kind"] == "Deployment")
+    annotations = deploy["spec"]["template"]["metadata"]["annotations"]
+    assert all(isinstance(v, str) for v in annotations.values()), annotations
+    assert annotations["seed"] == "1437"
