@@ -17,19 +17,16 @@ from aiohttp import web
 from controller_runtime.clients import SGLangClient, VLLMClient
 from controller_runtime.clients.http import EngineHTTP
 
-
-class Seen:
-    def __init__(self) -> None:
-        self.requests: list[tuple[str, int, str | None]] = []  # path, client port, Connection header
+Seen = list[tuple[str, int, str | None]]  # per request: path, client port, Connection header
 
 
 @asynccontextmanager
 async def engine() -> AsyncIterator[tuple[str, Seen]]:
-    seen = Seen()
+    seen: Seen = []
 
     async def answer(request: web.Request) -> web.Response:
         peer = request.transport.get_extra_info("peername") if request.transport else None
-        seen.requests.append((request.path, peer[1] if peer else -1, request.headers.get("Connection")))
+        seen.append((request.path, peer[1] if peer else -1, request.headers.get("Connection")))
         return web.Response(text="{}")
 
     app = web.Application()
@@ -54,7 +51,7 @@ async def test_each_health_probe_asks_to_close_its_connection(
         client = cls(url, session=session)
         await client.health()
         await client.health()
-    probes = [r for r in seen.requests if r[0] == path]
+    probes = [r for r in seen if r[0] == path]
     assert [r[2] for r in probes] == ["close", "close"]
     assert probes[0][1] != probes[1][1], "the second probe reused the first one's connection"
 
@@ -64,6 +61,6 @@ async def test_other_engine_calls_keep_their_connection() -> None:
         http = EngineHTTP(url, session=session)
         await http.request("GET", "/get_model_info")
         await http.request("GET", "/get_model_info")
-    calls = [r for r in seen.requests if r[0] == "/get_model_info"]
+    calls = [r for r in seen if r[0] == "/get_model_info"]
     assert [r[2] for r in calls] == [None, None]
     assert calls[0][1] == calls[1][1]
