@@ -289,10 +289,10 @@ class InferenceController:
                               pods=self.spec.pods_per_cell, labels=dict(self.labels),
                               role=self.fleet.role_of(cell.name))
         self.fleet.label_unknown(cell.name)
+        if cell.created_time is None:  # the first attempt: a refused create still runs the deadlines
+            cell.created_time = self.clock.now()
         await self.platform.create_cell(request)
         self.fleet.label_created(cell.name)
-        if cell.created_time is None:
-            cell.created_time = self.clock.now()
 
     async def _reconcile_cell(self, cell: Cell, obs: CellObservation | None, window_open: bool) -> None:
         if cell.state is S.Failed:
@@ -332,6 +332,19 @@ class InferenceController:
         if obs.endpoint and obs.endpoint != cell.endpoint:
             await self.fleet.drop_client(cell.endpoint)
             cell.endpoint = obs.endpoint
+        if cell.state is S.Pending and obs.incomplete:
+            # Pods of the cell were never made (the API server refused a create: a brand-new
+            # namespace without its ServiceAccount yet, a quota) or went before the engine was
+            # probed: make what is missing, as a ReplicaSet would, and as a cell with no pods at
+            # all is made again above. No engine answered yet, so nothing is lost and no
+            # restart is charged; the startup deadline still bounds it.
+            if self.health.startup_expired(cell):
+                deadline = self.spec.health_check.startup_deadline_seconds
+                self._mark_unhealthy(cell, f"pods still missing after {deadline:g} s: " + obs.failures(),
+                                     reason=Reason.StartupDeadlineExceeded)
+                return
+            await self._create(cell)
+            return
         if obs.any_failed or obs.restarts > cell.pod_restarts:
             cell.pod_restarts = obs.restarts
             self._mark_unhealthy(cell, "pod failed or restarted: " + obs.failures())

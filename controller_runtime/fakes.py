@@ -36,23 +36,34 @@ class FakePlatform:
         self.serving_calls: list[tuple[str, bool]] = []
         self.fail_delete = False
         self.fail_create = False
+        self.refuse_pods: set[int] = set()  # pod indexes create_cell leaves missing, then raises
 
     @staticmethod
     def endpoint_of(name: str, generation: int) -> str:
         return f"http://{name}-g{generation}.fake:8000"
 
     async def create_cell(self, request: CellRequest) -> None:
+        """Creates what is absent, as the Kubernetes platform's POSTs do (409 is success): a cell
+        of this generation gets its missing pods back; `refuse_pods` leaves those missing and
+        raises after the others were made, as a refused POST beside accepted ones does."""
         if self.fail_create:
             raise RuntimeError("fake platform: create refused")
-        existing = self.cells.get(request.name)
-        if existing is not None and existing.request.generation == request.generation:
-            return
-        self.created.append(request)
         phase = "Running" if self.start_running else "Pending"
-        pods = [PodObservation(f"{request.name}-g{request.generation}-{i}", phase) for i in range(request.pods)]
-        endpoint = self.endpoint_of(request.name, request.generation) if self.start_running else None
-        self.cells[request.name] = FakeCell(request, pods, endpoint)
-        self.serving[request.name] = False  # new pods are created not serving (the port's contract)
+        existing = self.cells.get(request.name)
+        if existing is None or existing.request.generation != request.generation:
+            self.created.append(request)
+            pods = [PodObservation(f"{request.name}-g{request.generation}-{i}", phase) for i in range(request.pods)]
+            endpoint = self.endpoint_of(request.name, request.generation) if self.start_running else None
+            existing = self.cells[request.name] = FakeCell(request, pods, endpoint)
+            self.serving[request.name] = False  # new pods are created not serving (the port's contract)
+        refused = [i for i in self.refuse_pods if i < len(existing.pods)]
+        existing.pods = [
+            PodObservation(p.name, "Unknown", message="pod missing", missing=True) if i in refused
+            else replace(p, phase=phase, missing=False, message="") if p.missing else p
+            for i, p in enumerate(existing.pods)
+        ]  # fmt: skip
+        if refused:
+            raise RuntimeError(f"fake platform: pods {refused} of {request.name} refused")
 
     async def delete_cell(self, name: str) -> None:
         if self.fail_delete:
@@ -80,6 +91,11 @@ class FakePlatform:
     def fail_pod(self, name: str, pod: int = 0) -> None:
         cell = self.cells[name]
         cell.pods[pod] = replace(cell.pods[pod], phase="Failed")
+
+    def lose_pod(self, name: str, pod: int = 0) -> None:
+        """The pod is gone (deleted, never made): observed as the Kubernetes platform reports it."""
+        cell = self.cells[name]
+        cell.pods[pod] = PodObservation(cell.pods[pod].name, "Unknown", message="pod missing", missing=True)
 
     def restart_pod(self, name: str, pod: int = 0) -> None:
         cell = self.cells[name]

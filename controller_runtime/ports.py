@@ -27,6 +27,7 @@ class PodObservation:
     restarts: int = 0
     node: str | None = None
     message: str = ""
+    missing: bool = False  # the cell's shape has it, the platform has none (phase Unknown)
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,14 @@ class CellObservation:
     @property
     def restarts(self) -> int:
         return sum(p.restarts for p in self.pods)
+
+    @property
+    def incomplete(self) -> bool:
+        """Some pods are missing and none of the others failed or restarted: a creation that did
+        not finish (the API server refused a pod), or a pod that went before anything ran."""
+        present = [p for p in self.pods if not p.missing]
+        return len(present) < len(self.pods) and not any(
+            p.phase in ("Failed", "Succeeded", "Unknown") or p.restarts for p in present)  # fmt: skip
 
     def failures(self) -> str:
         """Its failed or restarted pods, as a cell's status message names them."""

@@ -111,7 +111,7 @@ class KubernetesPlatform:
     generations are leftovers of a recreation and are deleted here (their names are
     kept in `last_leftovers` for the caller to report). A cell whose newest generation
     is entirely terminating is reported as absent (it is going away), a partly
-    terminating one with those pods Failed, and a pod missing from a cell as Unknown,
+    terminating one with those pods Failed, and a pod missing from a cell as Unknown (`missing`),
     so a cell is never mistaken for healthy with fewer pods than its shape.
 
     The pods come from the operator's pod watch (`pods`, shared by every job) when it can be
@@ -303,7 +303,7 @@ class KubernetesPlatform:
                 observed.append(by_index[i])
             else:
                 missing = engine_pod_name(self._name, index, generation, i)
-                observed.append(PodObservation(name=missing, phase="Unknown", message="pod missing"))
+                observed.append(PodObservation(name=missing, phase="Unknown", message="pod missing", missing=True))
         head = by_index.get(0)
         endpoint = None
         if head is not None and head.ip and head.phase not in ("Failed", "Succeeded"):

@@ -126,6 +126,42 @@ async def test_bootstrap_creates_named_cells_that_wait_for_weights() -> None:
     assert len(h.platform.created) == 2  # level-based: more passes create nothing
 
 
+async def test_a_pod_the_api_server_refused_is_made_again_without_a_restart() -> None:
+    """A 2-pod cell whose head the API server refused (a brand-new namespace's ServiceAccount not
+    made yet: a scale benchmark met it) used to count as a failed pod: Unhealthy, a restart
+    charged, and the replacement waited for a weight update no job had made yet."""
+    h = harness(1, gpus_per_engine=16, gpus_per_node=8, serve_initial_weights=True)
+    h.platform.refuse_pods = {0}
+    with pytest.raises(RuntimeError, match="refused"):
+        await h.ctrl.reconcile()
+    assert h.ctrl.status_patch()["engines"][0]["state"] == S.Pending
+    h.platform.refuse_pods = set()
+    await bring_up(h)
+    assert (h.cell(0).state, h.cell(0).generation, h.cell(0).restarts) == (S.Serving, 0, 0)
+    assert [p.missing for p in h.platform.cells["demo-cell-0"].pods] == [False, False]
+    assert Reason.CellUnhealthy not in h.reasons()
+
+
+async def test_pods_that_stay_missing_end_at_the_startup_deadline_and_a_lost_pod_of_a_started_cell_replaces_it() -> None:
+    h = harness(2, gpus_per_engine=16, gpus_per_node=8, startup_deadline=60)
+    h.platform.refuse_pods = {1}
+    for _ in range(3):
+        with pytest.raises(RuntimeError, match="refused"):
+            await h.ctrl.reconcile()
+    assert h.states() == [S.Pending, S.Pending]
+    await h.clock.advance(60)
+    await h.ctrl.reconcile()
+    assert h.states() == [S.Unhealthy, S.Unhealthy]
+    assert "pods still missing after 60 s: demo-cell-0-g0-1 Unknown" in h.cell(0).message
+    assert h.reasons().count(Reason.StartupDeadlineExceeded) == 2
+
+    h = harness(1, gpus_per_engine=16, gpus_per_node=8)
+    await bring_up(h)
+    h.platform.lose_pod("demo-cell-0", 1)
+    await h.ctrl.reconcile()
+    assert h.cell(0).state is S.Unhealthy  # it ran: the engine group is broken
+
+
 async def test_pending_to_starting_waits_for_running_pods() -> None:
     h = harness(1, platform=FakePlatform(start_running=False))
     await settle(h.ctrl)
