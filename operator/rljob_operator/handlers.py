@@ -26,6 +26,7 @@ from rljob_operator.delivered import Delivered, record_delivered
 from rljob_operator.event_recorder import EventSink
 from rljob_operator.kinds import GROUP, PLURAL, VERSION
 from rljob_operator.kubeapi import KubeApi
+from rljob_operator.kubeconn import connection_info
 from rljob_operator.metrics import Metrics
 from rljob_operator.pod_cache import EnginePodCache
 from rljob_operator.reconcile.job_runtime import JobRuntime
@@ -101,13 +102,10 @@ class LeanDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
 
 
 @kopf.on.login(id="credentials")
-def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-    """The pod's ServiceAccount in a cluster, else $KUBECONFIG (main sets it from --kubeconfig).
-
-    kopf's default login goes through the kubernetes client, which reads $KUBECONFIG once at
-    import time, before `--kubeconfig` is known; kopf's own readers look at call time.
-    """
-    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+def login(memo: Any = None, **_: Any) -> kopf.ConnectionInfo:
+    """kopf's watches log in with the credentials the operator's own calls use (`kubeconn`):
+    --kubeconfig, else the pod's ServiceAccount, else $KUBECONFIG or ~/.kube/config."""
+    return connection_info(getattr(getattr(memo, "settings", None), "kubeconfig", None))
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, id="rljob", cancellation_timeout=30.0, backoff=5.0)

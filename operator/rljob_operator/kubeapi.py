@@ -4,18 +4,17 @@ Built once per operator process (`main.run_operator`) and handed to everything t
 the API server: the Kubernetes `Platform`, the reconcile steps, the status writer, Events, the
 controller API's access reviews and the leader Lease.
 
-Client library: the official synchronous `kubernetes` client. It handles kubeconfig and
-in-cluster auth, the test cluster's agent and fixtures use it too, and the operator's traffic
-is a handful of calls per reconcile pass, far from what a small thread pool cannot carry;
-`kubernetes_asyncio` would add a second client with its own config loading for no measurable
-gain. Every call runs on this object's own pool, so a slow API server never blocks the event
-loop that also serves probes and the controller API, and every request carries a timeout. The
+Transport: `kubeconn.ApiConnection`, one urllib3 HTTPS pool with the credentials kopf logs in
+with (the official `kubernetes` client did this before; its import was 20 MiB of RSS, `kubeconn`).
+The operator's traffic is a handful of calls per reconcile pass, far from what a small thread
+pool cannot carry. Every call runs on this object's own pool, so a slow API server never blocks
+the event loop that also serves probes and the controller API, and every request carries a
+timeout. The
 pool is not first in first out: a started pass's calls go ahead of later passes' calls, and calls
 made outside passes (Lease, access reviews, the controller API's status writes) ahead of all
 passes (`api_pool`: as one FIFO the pool livelocked at 1,000 RLJobs).
-Requests go through the client's generic `param_serialize` / `call_api` with plain dict bodies
-(no generated model classes): one code path serves pods, Services, Deployments, Jobs, Events,
-Leases, reviews and custom resources (RLJob, RayCluster) alike.
+Requests are plain dicts sent as JSON (no generated model classes): one code path serves pods,
+Services, Deployments, Jobs, Events, Leases, reviews and custom resources (RLJob, RayCluster).
 
 Every failed call raises one error tree (a transport failure has status 0):
 
@@ -36,12 +35,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 import urllib3
-from kubernetes import client, config
-from kubernetes.client.rest import ApiException
 
 from controller_runtime.errors import ControllerError
 from rljob_operator.api_pool import PriorityPool, WaitObserver, current_rank
 from rljob_operator.kinds import API_VERSION, KIND, PLURALS
+from rljob_operator.kubeconn import ApiConnection, connect
 
 COMPONENT = "rljob-operator"  # Events' source and reporting component
 FIELD_MANAGER = "rljob-operator"  # server-side apply's manager of what the operator owns
@@ -88,23 +86,13 @@ def _status_message(body: str) -> str:
         return body[:500]
 
 
-def load_api_client(kubeconfig: str | None = None, connections: int | None = None) -> client.ApiClient:
-    """In-cluster config inside a pod, else the kubeconfig (explicit path or $KUBECONFIG).
+def load_api_client(kubeconfig: str | None = None, connections: int | None = None) -> ApiConnection:
+    """The operator's connection (`kubeconn.connect`): an explicit kubeconfig, else in-cluster.
 
     `connections`: the HTTPS connections kept open, one per thread of the `KubeApi` that uses
-    the client. The client's default is 5 per CPU: on 2 CPUs a pool of 32 threads kept 10, and
-    every call beyond them paid a TLS handshake and threw its connection away."""
-    cfg = client.Configuration()
-    if connections is not None:
-        cfg.connection_pool_maxsize = connections
-    if kubeconfig:
-        config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
-    else:
-        try:
-            config.load_incluster_config(client_configuration=cfg)
-        except config.ConfigException:
-            config.load_kube_config(client_configuration=cfg)
-    return client.ApiClient(cfg)
+    it; a pool of more threads than connections paid a TLS handshake for every call beyond them
+    and threw the connection away."""
+    return connect(kubeconfig, connections or 1)
 
 
 def resource_path(api_version: str, kind: str, namespace: str | None, name: str | None = None) -> str:
@@ -140,11 +128,11 @@ def event_body(involved: Mapping[str, Any], type_: str, reason: str, message: st
 
 
 class KubeApi:
-    """Plain-dict REST calls through the official client, off the event loop."""
+    """Plain-dict REST calls on a thread pool, off the event loop."""
 
     def __init__(
         self,
-        api_client: client.ApiClient,
+        api_client: ApiConnection,
         threads: int = 8,
         request_timeout: float = 30.0,
         on_wait: WaitObserver | None = None,
@@ -163,6 +151,7 @@ class KubeApi:
 
     def close(self) -> None:
         self._pool.shutdown()
+        self.api_client.close()
 
     # ---------------------------------------------------------------- the one request path
     def _request(
@@ -173,22 +162,9 @@ class KubeApi:
             headers["Content-Type"] = content_type
         elif body is not None:
             headers["Content-Type"] = "application/json"
-        m, url, hdrs, data, post = self.api_client.param_serialize(
-            method=method,
-            resource_path=path,
-            query_params=list(query),
-            header_params=headers,
-            body=body,
-            auth_settings=["BearerToken"],
-        )
-        resp = self.api_client.call_api(
-            m, url, header_params=hdrs, body=data, post_params=post, _request_timeout=self.request_timeout
-        )
-        resp.read()
+        resp = self.api_client.request(method, path, query, body, headers, self.request_timeout)
         if not 200 <= resp.status <= 299:
-            raw = resp.data or b""
-            text = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
-            raise api_error(f"{method} {path}", resp.status, resp.reason or "", text)
+            raise api_error(f"{method} {path}", resp.status, resp.reason, resp.data.decode(errors="replace"))
         return json.loads(resp.data or b"{}")
 
     async def call(
@@ -212,7 +188,7 @@ class KubeApi:
             if e.status in ok:
                 return None
             raise
-        except (ApiException, OSError, urllib3.exceptions.HTTPError) as e:
+        except (OSError, urllib3.exceptions.HTTPError) as e:
             raise api_error(f"{method} {path}", getattr(e, "status", 0) or 0, str(e)) from e
 
     async def _object(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:

@@ -26,7 +26,6 @@ from typing import Any, cast
 import aiohttp
 import kopf
 from aiohttp import web
-from kubernetes.client import ApiClient
 
 from controller_runtime.ports import Platform
 from rljob_operator import handlers  # noqa: F401  (registers the kopf handlers)
@@ -34,7 +33,8 @@ from rljob_operator.audit_stream import configure_audit
 from rljob_operator.auth import Authorizer
 from rljob_operator.controller_api import ControlServer, ops_app
 from rljob_operator.handlers import OperatorContext, kopf_settings
-from rljob_operator.kubeapi import USER_AGENT, KubeApi, load_api_client
+from rljob_operator.kubeapi import USER_AGENT, KubeApi
+from rljob_operator.kubeconn import ApiConnection, connect
 from rljob_operator.leader import LeaderElector
 from rljob_operator.leader_thread import ElectorThread
 from rljob_operator.lease_store import KubeLeaseStore
@@ -87,13 +87,11 @@ async def start_site(app: web.Application, host: str, port: int) -> tuple[web.Ap
     return runner, bound
 
 
-def named_client(s: OperatorSettings, connections: int | None = None) -> ApiClient:
-    """A Kubernetes client whose requests name this replica (`rljob-operator/<identity>`), so
-    every write shows in the API server's audit log with who made it (the reliability suite
-    checks from there that only the Lease holder writes)."""
-    api_client = load_api_client(s.kubeconfig, connections)
-    api_client.user_agent = f"{USER_AGENT}/{s.identity}"
-    return api_client
+def named_client(s: OperatorSettings, connections: int = 1) -> ApiConnection:
+    """A connection whose requests name this replica (`rljob-operator/<identity>`), so every
+    write shows in the API server's audit log with who made it (the reliability suite checks
+    from there that only the Lease holder writes)."""
+    return connect(s.kubeconfig, connections, user_agent=f"{USER_AGENT}/{s.identity}")
 
 
 async def run_operator(s: OperatorSettings) -> int:

@@ -2,7 +2,7 @@
 `<release>-control` role exactly what the controller API checks.
 
 How the calls are found (statically, no cluster): every request of the operator's own code
-goes through `KubeApi._request`, so a recording stand-in for the Kubernetes client under a real
+goes through `KubeApi._request`, so a recording stand-in for the API connection under a real
 `KubeApi` sees them all. Every public coroutine of `KubeApi` and of `KubernetesPlatform` is
 called (arguments from a table by parameter name: a new method with a new parameter fails here
 until it gets a sample), `apply`/`create_if_absent` with every object the operator builds for
@@ -30,6 +30,7 @@ import yaml
 from rljob_operator import auth, kinds
 from rljob_operator.kinds import PLURALS
 from rljob_operator.kubeapi import APPLY_PATCH, KubeApi
+from rljob_operator.kubeconn import Response
 from rljob_operator.manifests import engine_pods, ray_auth_secret
 from rljob_operator.platform import KubernetesPlatform
 from rljob_operator.reconcile.children import desired_children
@@ -59,16 +60,8 @@ CLUSTER_SCOPED = {
 VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
 
 
-class _Response:
-    def __init__(self, body: dict[str, Any]) -> None:
-        self.status, self.reason, self.data = 200, "OK", json.dumps(body).encode()
-
-    def read(self) -> bytes:
-        return self.data
-
-
 class RecordingClient:
-    """Stands in for `kubernetes.client.ApiClient`: records each request, answers 200.
+    """Stands in for `kubeconn.ApiConnection`: records each request, answers 200.
 
     A pod listing answers one pod of the current and one of an older generation, so that the
     Platform's delete and label paths run too."""
@@ -77,15 +70,14 @@ class RecordingClient:
         self.pods = pods
         self.requests: list[tuple[str, str, str | None]] = []
 
-    def param_serialize(self, method: str, resource_path: str, query_params: Any, header_params: dict[str, str],
-                        body: Any, auth_settings: Any) -> tuple[Any, ...]:  # fmt: skip
-        return method, resource_path, header_params, body, None
+    def request(self, method: str, path: str, query: Any = (), body: Any = None,
+                headers: dict[str, str] | None = None, timeout: float | None = None) -> Response:  # fmt: skip
+        self.requests.append((method, path, (headers or {}).get("Content-Type")))
+        listing = method == "GET" and path.endswith("/pods")
+        return Response(200, "OK", json.dumps({"items": self.pods} if listing else {}).encode())
 
-    def call_api(self, method: str, url: str, header_params: dict[str, str], body: Any, post_params: Any,
-                 _request_timeout: Any = None) -> _Response:  # fmt: skip
-        self.requests.append((method, url, header_params.get("Content-Type")))
-        listing = method == "GET" and url.endswith("/pods")
-        return _Response({"items": self.pods} if listing else {})
+    def close(self) -> None:
+        pass
 
 
 def attributes(method: str, path: str, content_type: str | None) -> set[Triple]:

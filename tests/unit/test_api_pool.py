@@ -22,6 +22,7 @@ from rljob_operator.api_pool import (
     rank,
 )
 from rljob_operator.kubeapi import KubeApi, NotFound
+from rljob_operator.kubeconn import Response
 from rljob_operator.metrics import Metrics
 from rljob_operator.reconcile.job_runtime import JobRuntime
 from rljob_operator.registry import JobRegistry
@@ -31,16 +32,8 @@ from controller_runtime.fakes import FakeEngines, FakePlatform
 from tests.unit.test_job_runtime import FakeKube, rljob, runtime, settle
 
 
-class _Response:
-    def __init__(self, status: int = 200, data: bytes = b"{}") -> None:
-        self.status, self.data, self.reason = status, data, "OK" if status == 200 else "Not Found"
-
-    def read(self) -> None:
-        pass
-
-
 class GatedClient:
-    """The two methods of the official client that `KubeApi` uses. Records the order in which
+    """Stands in for `kubeconn.ApiConnection`. Records the order in which
     requests reach the server; the request for `hold` blocks its thread until `release`."""
 
     def __init__(self, hold: str) -> None:
@@ -50,18 +43,18 @@ class GatedClient:
         self.release = threading.Event()
         self._lock = threading.Lock()
 
-    def param_serialize(self, *, method: str, resource_path: str, **_: Any) -> tuple[Any, ...]:
-        return method, resource_path, {}, None, []
-
-    def call_api(self, method: str, url: str, **_: Any) -> _Response:
+    def request(self, method: str, path: str, *_: Any, **__: Any) -> Response:
         with self._lock:
-            self.served.append(url)
-        if url == self.hold:
+            self.served.append(path)
+        if path == self.hold:
             self.holding.set()
             assert self.release.wait(10), "the test never released the held request"
-        if url.endswith("/missing"):
-            return _Response(404, b'{"message": "not found"}')
-        return _Response()
+        if path.endswith("/missing"):
+            return Response(404, "Not Found", b'{"message": "not found"}')
+        return Response(200, "OK", b"{}")
+
+    def close(self) -> None:
+        pass
 
 
 async def hold_the_only_thread(kube: KubeApi, client: GatedClient) -> asyncio.Task[Any]:

@@ -10,29 +10,22 @@ from __future__ import annotations
 from typing import Any
 
 from rljob_operator.kubeapi import KubeApi
-
-
-class _Response:
-    status, reason, data = 200, "OK", b"{}"
-
-    def read(self) -> None:
-        pass
+from rljob_operator.kubeconn import Response
 
 
 class QueryRecorder:
-    """The two methods of the official client that `KubeApi` uses; records each request's query."""
+    """Stands in for `kubeconn.ApiConnection`; records each request's query."""
 
     def __init__(self) -> None:
         self.requests: list[tuple[str, str, list[tuple[str, str]]]] = []
 
-    def param_serialize(self, method: str, resource_path: str, query_params: Any, header_params: dict[str, str],
-                        body: Any, auth_settings: Any) -> tuple[Any, ...]:  # fmt: skip
-        self.requests.append((method, resource_path, list(query_params)))
-        return method, resource_path, header_params, body, None
+    def request(self, method: str, path: str, query: Any = (), body: Any = None,
+                headers: Any = None, timeout: Any = None) -> Response:  # fmt: skip
+        self.requests.append((method, path, list(query)))
+        return Response(200, "OK", b"{}")
 
-    def call_api(self, method: str, url: str, header_params: dict[str, str], body: Any, post_params: Any,
-                 _request_timeout: Any = None) -> _Response:  # fmt: skip
-        return _Response()
+    def close(self) -> None:
+        pass
 
 
 async def test_drift_reads_come_from_the_watch_cache_and_the_confirming_read_does_not() -> None:

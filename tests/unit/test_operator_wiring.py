@@ -67,8 +67,8 @@ def test_the_api_client_keeps_as_many_connections_as_its_pool_has_threads(tmp_pa
         "users": [{"name": "u", "user": {"token": "t"}}],
     }))  # fmt: skip
     client = load_api_client(str(kubeconfig), connections=32)
-    assert client.rest_client.pool_manager.connection_pool_kw["maxsize"] == 32
-    assert load_api_client(str(kubeconfig)).rest_client.pool_manager.connection_pool_kw["maxsize"] != 32
+    assert client._pool.connection_pool_kw["maxsize"] == 32
+    assert load_api_client(str(kubeconfig))._pool.connection_pool_kw["maxsize"] != 32
 
 
 class NoCopy(dict):  # type: ignore[type-arg]
