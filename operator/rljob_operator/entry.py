@@ -1,7 +1,7 @@
 """`rljob-operator`'s entry point: the operator's process runs without the `kubernetes` package.
 
 kopf imports `kubernetes.client` at its own import whenever it can (to recognise the client's
-model classes, `kopf._cogs.helpers.thirdparty`), and those generated models were 20 MiB of the
+model classes, `kopf._cogs.helpers.thirdparty`), and those generated models were 18 MiB of the
 operator's RSS in a process that never builds one: the operator talks to the API server through
 `kubeconn`. A `None` in `sys.modules` makes every later `import kubernetes` raise ImportError,
 which kopf takes as "not installed". The package stays installed for the `rljob` CLI and the

@@ -5,7 +5,7 @@ the API server: the Kubernetes `Platform`, the reconcile steps, the status write
 controller API's access reviews and the leader Lease.
 
 Transport: `kubeconn.ApiConnection`, one urllib3 HTTPS pool with the credentials kopf logs in
-with (the official `kubernetes` client did this before; its import was 20 MiB of RSS, `kubeconn`).
+with (the official `kubernetes` client did this before; its import was 18 MiB of RSS, `kubeconn`).
 The operator's traffic is a handful of calls per reconcile pass, far from what a small thread
 pool cannot carry. Every call runs on this object's own pool, so a slow API server never blocks
 the event loop that also serves probes and the controller API, and every request carries a

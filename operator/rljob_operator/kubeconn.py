@@ -1,8 +1,8 @@
 """The operator's connection to the API server: whose credentials, and one HTTPS pool for them.
 
 Why not the official `kubernetes` client: kopf imports it whenever it is importable (to recognise
-its model classes and offer its login), and its generated models were 20 MiB of the operator's
-RSS (imports 77 -> 56 MiB; issue 13's target is 256 MiB at 1,000 jobs). The operator used it for
+its model classes and offer its login), and its generated models were 18 MiB of the operator's
+RSS (imports 77 -> 59 MiB; issue 13's target is 256 MiB at 1,000 jobs). The operator used it for
 two things only, loading credentials and sending plain-dict requests, and both are here: the
 credentials are the same `kopf.ConnectionInfo` kopf's own watches log in with (`handlers.login`
 returns `connection_info()`), so the calls and the watches can never authenticate differently,

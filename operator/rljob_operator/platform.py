@@ -1,7 +1,7 @@
 """The Kubernetes `Platform`: engine cells as pods, plus `apply` for the job's other objects.
 
 Every call goes through the operator's one `KubeApi` (one thread pool, one error tree); see
-`kubeapi` for why the official client is used and how.
+`kubeapi` for how requests are made and errors named.
 
 Idempotence is by name: pod names are deterministic in (job, cell index, generation, pod
 index), so a retried `create_cell` gets 409 AlreadyExists, which counts as success, and a

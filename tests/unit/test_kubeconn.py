@@ -145,7 +145,7 @@ def test_basic_credentials_are_sent_when_there_is_no_token(server: str, tmp_path
 
 
 def test_the_operators_process_runs_without_the_kubernetes_package() -> None:
-    """kopf imports `kubernetes.client` whenever it can: 20 MiB of RSS the operator never uses.
+    """kopf imports `kubernetes.client` whenever it can: 18 MiB of RSS the operator never uses.
     The console script's target is run as the installed `rljob-operator` runs it, to `--help`."""
     target = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]["rljob-operator"]
     module, func = target.split(":")
