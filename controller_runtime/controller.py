@@ -319,10 +319,13 @@ class InferenceController:
                 await self.platform.delete_cell(cell.name)  # stale pods of an older generation
                 self._deleted_generation[cell.name] = obs.generation
             if cell.state is S.Pending:
-                await self._create(cell)
+                # Checked first: a create the API server keeps refusing (a quota) raises every
+                # pass, and the deadline must still end it (it runs from the first attempt).
                 if self.health.startup_expired(cell):
                     self._mark_unhealthy(cell, "no pods running before the startup deadline",
                                          reason=Reason.StartupDeadlineExceeded)
+                    return
+                await self._create(cell)
             else:
                 self._mark_unhealthy(cell, "the cell's pods are gone")
             return

@@ -162,6 +162,18 @@ async def test_pods_that_stay_missing_end_at_the_startup_deadline_and_a_lost_pod
     assert h.cell(0).state is S.Unhealthy  # it ran: the engine group is broken
 
 
+async def test_a_cell_whose_creates_are_always_refused_ends_at_the_startup_deadline() -> None:
+    h = harness(1, startup_deadline=60)
+    h.platform.fail_create = True  # a quota that never admits the cell's pods
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="create refused"):
+            await h.ctrl.reconcile()
+    await h.clock.advance(60)
+    await h.ctrl.reconcile()
+    assert h.cell(0).state is S.Unhealthy
+    assert h.reasons()[-1] == Reason.StartupDeadlineExceeded
+
+
 async def test_pending_to_starting_waits_for_running_pods() -> None:
     h = harness(1, platform=FakePlatform(start_running=False))
     await settle(h.ctrl)
