@@ -57,6 +57,9 @@ class OperatorContext:
     events: EventSink | None = None  # where Events go (main: a pool apart from `kube`); None: `kube`
 
 
+ENGINE_PODS = ("", "v1", "pods")  # kopf's selector of the engine-pod watch (group, version, plural)
+
+
 def kopf_settings(s: OperatorSettings) -> kopf.OperatorSettings:
     """kopf settings chosen against watch stalls and for where kopf keeps its own state."""
     ks = kopf.OperatorSettings()
@@ -72,6 +75,11 @@ def kopf_settings(s: OperatorSettings) -> kopf.OperatorSettings:
     ks.persistence.finalizer = FINALIZER
     ks.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=ANNOTATION_PREFIX)
     ks.persistence.diffbase_storage = LeanDiffBaseStorage(prefix=ANNOTATION_PREFIX, key="last-handled-configuration")
+    # Engine pods only, chosen by the API server: the handler's `labels=` filter is kopf's own,
+    # on the client, so without this the pod watch decoded every pod of the watched namespaces
+    # (with --clusterwide, of the whole cluster: trainers, executors, everyone else's pods) and
+    # kopf kept a memory of each for as long as it lived.
+    ks.watching.label_selectors[ENGINE_PODS] = f"{L.ROLE}={L.ROLE_ENGINE}"
     # Leader election replaces peering: never wait for or write KopfPeering objects.
     ks.peering.standalone = True
     ks.posting.level = logging.WARNING  # only kopf's own warnings become Events; ours are explicit
@@ -150,7 +158,7 @@ async def wake_rljob(
         rt.poke_for(body)
 
 
-@kopf.on.event("", "v1", "pods", labels={L.ROLE: L.ROLE_ENGINE}, id="engine-pods")
+@kopf.on.event(*ENGINE_PODS, labels={L.ROLE: L.ROLE_ENGINE}, id="engine-pods")
 async def wake_for_engine_pod(
     type: str | None, body: kopf.Body, namespace: str | None, memo: Any, **_: Any
 ) -> None:

@@ -8,11 +8,14 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from kopf._cogs.structs.references import Resource
 from rljob_operator import handlers
 from rljob_operator import labels as L
 from rljob_operator.delivered import Delivered
+from rljob_operator.kinds import GROUP, PLURAL, VERSION
 from rljob_operator.kubeapi import load_api_client
 from rljob_operator.pod_cache import EnginePodCache
+from rljob_operator.settings import load_settings
 
 
 class Memo:
@@ -101,3 +104,16 @@ def test_kopf_diff_base_is_built_without_copying_status_or_managed_fields_and_is
                     "metadata": {"labels": {"team": "a"}, "annotations": {"note": "x"}}}  # fmt: skip
     lean["spec"]["inference"]["replicas"] = 5  # a copy: kopf keeps it as the last handled state
     assert body["spec"]["inference"]["replicas"] == 2
+
+
+def test_the_api_server_sends_the_pod_watch_only_engine_pods_and_the_rljob_watch_everything() -> None:
+    """kopf builds its watch and list queries from `collect` (`kopf._cogs.clients.watching`,
+    `fetching`); the handler's own `labels=` filter runs on the client, after every pod of the
+    namespace (or the cluster) was sent and decoded."""
+    ks = handlers.kopf_settings(load_settings(["--namespace", "rl"]))
+    pods = Resource("", "v1", "pods", kind="Pod", singular="pod", shortcuts=frozenset({"po"}), namespaced=True)
+    rljobs = Resource(GROUP, VERSION, PLURAL, kind="RLJob", singular="rljob", namespaced=True)
+    services = Resource("", "v1", "services", kind="Service", singular="service", namespaced=True)
+    assert ks.watching.label_selectors.collect(pods) == [f"{L.ROLE}={L.ROLE_ENGINE}"]
+    assert ks.watching.label_selectors.collect(rljobs) == []
+    assert ks.watching.label_selectors.collect(services) == []
