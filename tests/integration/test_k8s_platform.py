@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 import pytest
 from rljob_operator import labels as L
-from rljob_operator.kubeapi import KubeApi, KubeApiError
+from rljob_operator.kubeapi import KubeApi, KubeApiError, load_api_client
 from rljob_operator.manifests import (
     cells_headless_service,
     engines_service,
@@ -76,7 +76,7 @@ def rljob_crd(cluster) -> None:
 @pytest.fixture
 def kube(cluster) -> Iterator[KubeApi]:
     """The operator's one Kubernetes access layer, on the test cluster."""
-    api = KubeApi(cluster.api())
+    api = KubeApi(load_api_client(str(cluster.kubeconfig)))
     yield api
     api.close()
 
