@@ -95,8 +95,6 @@ def named_client(s: OperatorSettings, connections: int = 1) -> ApiConnection:
 
 
 async def run_operator(s: OperatorSettings) -> int:
-    if s.kubeconfig:
-        os.environ["KUBECONFIG"] = s.kubeconfig  # kopf's own login reads it
     metrics = Metrics()
     kube = KubeApi(named_client(s, API_THREADS), threads=API_THREADS, on_wait=metrics.observe_queue_wait)
     metrics.kube_api_queued.set_function(kube.queued)
