@@ -28,8 +28,9 @@ from typing import Any
 from tests.cluster.waiting import WaitTimeout, wait_for
 
 APISERVER = "kube-apiserver"
-# Clients of the API server that exit once they cannot renew their leader Lease (10 s by
-# default): a restart that outlasts that takes them down, and the cluster with them.
+# Clients of the API server that would exit once they cannot renew a leader Lease (10 s by
+# default). The cluster runs them with --leader-elect=false (kwok.yaml); a restart still checks
+# that they lived through it, so that a config that brought election back fails here.
 LEADER_ELECTED = ("kube-controller-manager", "kube-scheduler")
 START_ATTEMPTS = 3
 
