@@ -4,7 +4,7 @@ Builds N `JobRuntime`s the way `handlers.run_rljob` does (a real `KubernetesPlat
 process's one `EnginePodCache`, one `Metrics`, one `JobRegistry`, real engine clients on one
 aiohttp session), against an in-memory API server, and runs passes until every job's 4 cells x
 2 pods are Serving. A fake kubelet marks each created pod Running with the status a kubelet
-writes (conditions, container statuses) and delivers it to the pod cache as kopf's pod watch
+writes (conditions, container statuses) and delivers it to the pod cache as the operator's pod watch
 would; the RLJob bodies carry managedFields and finalizers as kopf's watch hands them over.
 
 tracemalloc is started before the first job: the per-job figure is (heap with N jobs - heap with

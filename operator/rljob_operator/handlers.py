@@ -1,4 +1,5 @@
-"""kopf wiring: one daemon per RLJob, a wake-up on every watch event, operator settings.
+"""kopf wiring: one daemon per RLJob, a wake-up on every watch event, operator settings; and
+what an engine pod's event does (the pod watch is ours, `pod_watch`, not kopf's).
 
 Level-based on purpose (kopf's docs/reconciliation.rst): no create/update handlers whose
 missed edges would lose work. The daemon of a job runs the `JobRuntime` loop for as long as
@@ -57,9 +58,6 @@ class OperatorContext:
     events: EventSink | None = None  # where Events go (main: a pool apart from `kube`); None: `kube`
 
 
-ENGINE_PODS = ("", "v1", "pods")  # kopf's selector of the engine-pod watch (group, version, plural)
-
-
 def kopf_settings(s: OperatorSettings) -> kopf.OperatorSettings:
     """kopf settings chosen against watch stalls and for where kopf keeps its own state."""
     ks = kopf.OperatorSettings()
@@ -75,11 +73,6 @@ def kopf_settings(s: OperatorSettings) -> kopf.OperatorSettings:
     ks.persistence.finalizer = FINALIZER
     ks.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=ANNOTATION_PREFIX)
     ks.persistence.diffbase_storage = LeanDiffBaseStorage(prefix=ANNOTATION_PREFIX, key="last-handled-configuration")
-    # Engine pods only, chosen by the API server: the handler's `labels=` filter is kopf's own,
-    # on the client, so without this the pod watch decoded every pod of the watched namespaces
-    # (with --clusterwide, of the whole cluster: trainers, executors, everyone else's pods) and
-    # kopf kept a memory of each for as long as it lived.
-    ks.watching.label_selectors[ENGINE_PODS] = f"{L.ROLE}={L.ROLE_ENGINE}"
     # Leader election replaces peering: never wait for or write KopfPeering objects.
     ks.peering.standalone = True
     ks.posting.level = logging.WARNING  # only kopf's own warnings become Events; ours are explicit
@@ -158,16 +151,14 @@ async def wake_rljob(
         rt.poke_for(body)
 
 
-@kopf.on.event(*ENGINE_PODS, labels={L.ROLE: L.ROLE_ENGINE}, id="engine-pods")
-async def wake_for_engine_pod(
-    type: str | None, body: kopf.Body, namespace: str | None, memo: Any, **_: Any
-) -> None:
-    """An engine pod's change goes into the shared pod cache (the jobs' passes read their pods
-    from it, `platform.KubernetesPlatform`), then wakes its job's loop when the loop waits for
-    it (`job_runtime.pod_wakes_job`): pods are seen running at once, not at the next poll."""
-    memo.pods.record(type, body)
+def engine_pod_event(ctx: OperatorContext, type: str | None, body: dict[str, Any]) -> None:
+    """An engine pod's change (`pod_watch`) goes into the shared pod cache (the jobs' passes
+    read their pods from it, `platform.KubernetesPlatform`), then wakes its job's loop when the
+    loop waits for it (`job_runtime.pod_wakes_job`): pods are seen running at once, not at the
+    next poll."""
+    ctx.pods.record(type, body)
     meta = body.get("metadata") or {}
     job = (meta.get("annotations") or {}).get(L.JOB_NAME_ANNOTATION) or (meta.get("labels") or {}).get(L.JOB)
-    rt = memo.runtimes.get((namespace, job))
+    rt = ctx.runtimes.get((str(meta.get("namespace") or ""), str(job or "")))
     if rt is not None:
         rt.poke_for_pod(body)

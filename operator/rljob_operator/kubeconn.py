@@ -22,6 +22,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import ssl
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -151,8 +152,10 @@ class ApiConnection:
         self.user_agent = user_agent
         self.connections = connections
         tls: dict[str, Any] = {}
-        if self.server.startswith("https:"):
-            tls["ssl_context"] = info.as_ssl_context()
+        # Also the engine-pod watch's (aiohttp): one TLS setup for both transports.
+        self.ssl_context: ssl.SSLContext | None = info.as_ssl_context() if self.server.startswith("https:") else None
+        if self.ssl_context is not None:
+            tls["ssl_context"] = self.ssl_context
             if info.insecure:  # urllib3 would still ask for a verified, matching certificate
                 tls.update(cert_reqs="CERT_NONE", assert_hostname=False)
         self._pool = urllib3.PoolManager(num_pools=1, maxsize=connections, **tls)
@@ -171,7 +174,8 @@ class ApiConnection:
             return "Basic " + base64.b64encode(pair).decode()
         return None
 
-    def _authorization_now(self) -> str | None:
+    def authorization(self) -> str | None:
+        """The Authorization header's value now (a rotated token read again; None: none)."""
         if self._token_file is None:
             return self._auth
         with self._lock:
@@ -193,7 +197,7 @@ class ApiConnection:
         urllib3's errors (`kubeapi` makes them status 0)."""
         url = self.server + path + (f"?{urlencode(list(query))}" if query else "")
         hdrs = {"User-Agent": self.user_agent, **(headers or {})}
-        auth = self._authorization_now()
+        auth = self.authorization()
         if auth:
             hdrs["Authorization"] = auth
         data = body if body is None or isinstance(body, bytes) else json.dumps(body).encode()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -29,10 +30,11 @@ from aiohttp import web
 
 from controller_runtime.ports import Platform
 from rljob_operator import handlers  # noqa: F401  (registers the kopf handlers)
+from rljob_operator import labels as L
 from rljob_operator.audit_stream import configure_audit
 from rljob_operator.auth import Authorizer
 from rljob_operator.controller_api import ControlServer, ops_app
-from rljob_operator.handlers import OperatorContext, kopf_settings
+from rljob_operator.handlers import OperatorContext, engine_pod_event, kopf_settings
 from rljob_operator.kubeapi import USER_AGENT, KubeApi
 from rljob_operator.kubeconn import ApiConnection, connect
 from rljob_operator.leader import LeaderElector
@@ -42,6 +44,7 @@ from rljob_operator.logging import configure_logging
 from rljob_operator.metrics import Metrics
 from rljob_operator.platform import POD_RELIST_SECONDS, KubernetesPlatform
 from rljob_operator.pod_cache import EnginePodCache
+from rljob_operator.pod_watch import PodWatch
 from rljob_operator.registry import JobRegistry
 from rljob_operator.relist import Relister
 from rljob_operator.settings import OperatorSettings, load_settings
@@ -62,6 +65,24 @@ def controller_url(s: OperatorSettings) -> str:
         return s.controller_url
     ns = os.environ.get("POD_NAMESPACE") or s.effective_lease_namespace
     return f"http://rljob-operator.{ns}.svc:{s.api_port}"
+
+
+def engine_pod_watch(
+    s: OperatorSettings, kube: KubeApi, ctx: OperatorContext, metrics: Metrics, namespace: str | None
+) -> PodWatch:
+    """The watch of one namespace's engine pods (None: the cluster's), into the shared cache."""
+    return PodWatch(
+        kube,
+        namespace,
+        L.selector_string({L.ROLE: L.ROLE_ENGINE}),
+        functools.partial(engine_pod_event, ctx),
+        ctx.pods.resync,
+        server_timeout=s.watch_server_timeout,
+        client_timeout=s.watch_client_timeout,
+        connect_timeout=s.watch_connect_timeout,
+        count=metrics.count_pod_watch_event,
+        count_restart=metrics.count_pod_watch_restart,
+    )
 
 
 def make_platform_factory(
@@ -199,7 +220,12 @@ async def run_operator(s: OperatorSettings) -> int:
                 ),
                 name="kopf",
             )
-            relister = Relister(kube, ctx.runtimes, [None] if s.clusterwide else list(s.namespaces),
+            # The engine pods' watch is ours (`pod_watch`), not kopf's: one per watched namespace.
+            pod_stop = asyncio.Event()
+            watched: list[str | None] = [None] if s.clusterwide else list(s.namespaces)
+            pod_watches = [engine_pod_watch(s, kube, ctx, metrics, ns) for ns in watched]
+            pod_tasks = [asyncio.create_task(w.run(pod_stop), name="pod-watch") for w in pod_watches]
+            relister = Relister(kube, ctx.runtimes, watched,
                                 s.relist_seconds, acting=elector.is_leader, delivered=ctx.delivered)  # fmt: skip
             relist_stop = asyncio.Event()
             relist_task = asyncio.create_task(relister.run(relist_stop), name="relist")
@@ -215,11 +241,15 @@ async def run_operator(s: OperatorSettings) -> int:
                 log.error("kopf stopped with an error: %r", kopf_task.exception())
                 exit_code = EXIT_LOST_LEADERSHIP
             relist_stop.set()
+            pod_stop.set()
             kopf_stop.set()
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await asyncio.wait_for(kopf_task, timeout=60)
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await asyncio.wait_for(relist_task, timeout=60)
+            for task in pod_tasks:
+                with contextlib.suppress(Exception, asyncio.CancelledError):
+                    await asyncio.wait_for(task, timeout=60)
             await engine_http.close()
     finally:
         await election.stop()

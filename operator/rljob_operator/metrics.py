@@ -140,6 +140,20 @@ SPECS: tuple[MetricSpec, ...] = (
         (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10),
     ),
     MetricSpec(
+        "rljob_operator_pod_watch_events_total",
+        "counter",
+        ("type",),
+        "Engine pods the operator's pod watch received, by event type (LISTED: from a LIST; ADDED, "
+        "MODIFIED, DELETED, BOOKMARK).",
+    ),
+    MetricSpec(
+        "rljob_operator_pod_watch_restarts_total",
+        "counter",
+        ("reason",),
+        "Engine pod watch requests started again, by why the last one ended: ended (the server's "
+        "timeout), gone (410: listed again), timeout (the client gave up a silent stream), error.",
+    ),
+    MetricSpec(
         "rljob_kube_api_queued",
         "gauge",
         (),
@@ -244,6 +258,19 @@ class Metrics:
         self.kube_api_queued = built["rljob_kube_api_queued"]
         self.kube_api_queue_wait = built["rljob_kube_api_queue_wait_seconds"]
         self._queue_waits = [self.kube_api_queue_wait.labels(q) for q in QUEUE_NAMES]
+        self.pod_watch_events = built["rljob_operator_pod_watch_events_total"]
+        self.pod_watch_restarts = built["rljob_operator_pod_watch_restarts_total"]
+        self._pod_watch_counters: dict[str, Any] = {}
+
+    def count_pod_watch_event(self, type_: str) -> None:
+        """One engine pod event (`pod_watch`): the labelled child is looked up once per type."""
+        child = self._pod_watch_counters.get(type_)
+        if child is None:
+            child = self._pod_watch_counters[type_] = self.pod_watch_events.labels(type_)
+        child.inc()
+
+    def count_pod_watch_restart(self, reason: str) -> None:
+        self.pod_watch_restarts.labels(reason).inc()
 
     def observe_queue_wait(self, rank: Rank, seconds: float) -> None:
         """A pool call's wait for a thread (`api_pool.PriorityPool`'s `on_wait`; any thread)."""

@@ -3,8 +3,8 @@
 Each pass of each job used to LIST its engine pods (a quorum read of the API server): at 100
 jobs resynced every 10 s, 10 LISTs a second at steady state, and the most CPU the operator
 spent per pass (the client's JSON decoding of eight pods; issue 13). The operator already
-watches engine pods (kopf, `handlers.wake_for_engine_pod`) to wake a job when its pods move;
-this keeps what that watch delivers, so a job's pass reads its pods from memory.
+watches engine pods (`pod_watch`, `handlers.engine_pod_event`) to wake a job when its pods
+move; this keeps what that watch delivers, so a job's pass reads its pods from memory.
 
 A watch can lag: an event still on its way leaves this view older than the API server's.
 What the view may be trusted with is the platform's decision (`platform.KubernetesPlatform`,
@@ -110,8 +110,8 @@ class EnginePodCache:
         self._pods: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
 
     def record(self, event_type: str | None, pod: Mapping[str, Any]) -> None:
-        """Take one watch event (kopf's `type`: None for the initial listing, ADDED, MODIFIED,
-        DELETED); an event older than the copy held is ignored."""
+        """Take one watch event (`type`: None for a listed pod, ADDED, MODIFIED, DELETED); an
+        event older than the copy held is ignored."""
         meta = pod.get("metadata") or {}
         name, namespace = meta.get("name"), meta.get("namespace")
         if not name or not namespace:
@@ -147,6 +147,20 @@ class EnginePodCache:
             self._pods[key] = fresh
         else:
             self._pods.pop(key, None)
+
+    def resync(self, namespace: str | None, listed: list[dict[str, Any]], version: int | None) -> None:
+        """After a whole LIST of the watched scope (one namespace; None: every namespace), whose
+        pods went through `record` already: a held pod the LIST lacks was deleted while the watch
+        was not looking (a re-list after `410 Gone` delivers no DELETED for it), unless it is newer
+        than the LIST."""
+        present = {(p["metadata"].get("namespace"), p["metadata"].get("name")) for p in listed}
+        for key in [k for k in self._pods if namespace is None or k[0] == namespace]:
+            pods = self._pods[key]
+            for name in [n for n, p in pods.items() if (key[0], n) not in present]:
+                if version is None or pod_version(pods[name]) <= version:
+                    del pods[name]
+            if not pods:
+                del self._pods[key]
 
     def pods(self, namespace: str, job_label: str) -> list[dict[str, Any]]:
         """The job's engine pods as last watched (copies of the lists, shared pod dicts: read only)."""

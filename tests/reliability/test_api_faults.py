@@ -155,6 +155,35 @@ def test_a_410_gone_and_a_stalled_watch_are_survived(cluster, namespace, proxy, 
     assert gone.applied == 1 and op.proc.poll() is None
 
 
+def pod_watch_count(op: OperatorProcess, family: str, label: str) -> float:
+    """One series of the operator's pod watch counters (`events` by type, `restarts` by reason)."""
+    key = "type" if family == "events" else "reason"
+    pattern = rf'^rljob_operator_pod_watch_{family}_total\{{{key}="{label}"\}} (\S+)$'
+    return sum(float(m.group(1)) for m in re.finditer(pattern, op.metrics(), re.MULTILINE))
+
+
+def test_the_engine_pod_watch_survives_a_410_and_a_stall(cluster, namespace, proxy, operators):
+    """Fault: the operator's own engine pod watch (`pod_watch`) is answered `410 Gone` once, then
+    with a stream that stalls (headers, then nothing). Expectation: it lists again after the 410,
+    gives the stalled stream up at the client timeout and watches again from where it was: the
+    pods of a job created during the stall reach the operator as watch events (counted by type),
+    and the job converges."""
+    kube = Kube(cluster, namespace)
+    gone = proxy.add(Fault("gone", "GET", "pods", watch=True, times=1))
+    stall = proxy.add(Fault("stall", "GET", "pods", watch=True, times=1, seconds=60))
+    op = operators("--watch-server-timeout", "4", "--watch-client-timeout", "6")
+    wait_for(lambda: stall.applied == 1, 60, what="the operator's pod watch stalled")
+    assert pod_watch_count(op, "restarts", "gone") == 1
+    kube.apply(make_rljob("podwatch", replicas=2))  # created while the watch delivers nothing
+    wait_for(lambda: converged(kube, "podwatch", 2), 120, what="2/2 after the stalled pod watch")
+    wait_for(
+        lambda: pod_watch_count(op, "events", "ADDED") >= 2 and pod_watch_count(op, "restarts", "timeout") >= 1,
+        60,
+        what="the new job's pods delivered by the watch resumed after the stall",
+    )
+    assert gone.applied == 1 and op.proc.poll() is None
+
+
 def cell_restarts(kube: Kube, job: str) -> dict[str, int]:
     return {c["name"]: int(c.get("restarts", 0)) for c in kube.status(job).get("engines") or []}
 
@@ -362,7 +391,7 @@ def test_dropped_engine_pod_events_still_reach_ready_and_replace_a_deleted_pod(
     cluster, namespace, proxy, operators
 ):
     """Fault: every event of the operator's engine pod watch is dropped (ADDED, MODIFIED,
-    DELETED: the watch that wakes a job waiting on its pods, handlers.wake_for_engine_pod).
+    DELETED: the watch that wakes a job waiting on its pods, pod_watch).
     Expectation: the passes' own pod lists (poll and resync) see what the watch does not: the
     job reaches 2/2, and an engine pod deleted by hand is replaced: its cell recreated once
     (restarts 1, generation 1, waiting for weights as a new cell does), the other untouched; the audit log shows one live pod

@@ -46,7 +46,7 @@ KOPF_CALLS: set[Triple] = {
     ("rljob.io", "rljobs", "watch"),
     ("rljob.io", "rljobs", "patch"),  # finalizer, progress and last-handled annotations
     ("", "events", "create"),  # kopf's own warnings (posting)
-    ("", "pods", "list"),  # the engine pods' watcher (handlers.wake_for_engine_pod)
+    ("", "pods", "list"),  # the engine pods' watch (pod_watch)
     ("", "pods", "watch"),
     ("", "namespaces", "list"),  # namespace observer (even for exact names)
     ("", "namespaces", "watch"),
