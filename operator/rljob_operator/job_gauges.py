@@ -65,6 +65,7 @@ def job_samples(snap: JobSnapshot, now: float) -> list[Sample]:
         age = _age(now, e.get("lastProbeTime")) if e.get("lastProbeTime") else None
         if age is not None:
             out.append(("rljob_cell_last_probe_age_seconds", cell, age))
+        out.append(("rljob_cell_consecutive_probe_failures", cell, float(e.get("consecutiveFailures") or 0)))
     lock = status.get("lock") or {}
     held = _age(now, lock.get("since")) if lock.get("since") else None
     overdue = _age(now, lock.get("expires")) if lock.get("expires") else None

@@ -83,6 +83,12 @@ SPECS: tuple[MetricSpec, ...] = (
         "rljob_cell_last_probe_age_seconds", "gauge", CELL, "Seconds since the cell's engine was last probed."
     ),
     MetricSpec(
+        "rljob_cell_consecutive_probe_failures",
+        "gauge",
+        CELL,
+        "Failed health probes of the cell in a row, live (status carries the count only with other changes).",
+    ),
+    MetricSpec(
         "rljob_lock_held_seconds",
         "gauge",
         JOB,

@@ -46,6 +46,7 @@ def test_job_gauges_follow_the_status_and_the_clock() -> None:
     assert samples[("rljob_cell_restarts_remaining", ("j-cell-1",))] == 0
     assert samples[("rljob_cell_last_probe_age_seconds", ("j-cell-0",))] == 2
     assert ("rljob_cell_last_probe_age_seconds", ("j-cell-1",)) not in samples  # never probed
+    assert samples[("rljob_cell_consecutive_probe_failures", ("j-cell-0",))] == 0
     assert (
         samples[("rljob_lock_held_seconds", ())] == 90 and samples[("rljob_lock_overdue_seconds", ())] == 30
     )

@@ -3,6 +3,7 @@ from rljob_operator.reconcile.job_status import (
     Observed,
     TrainerState,
     build_status,
+    quiet_delta,
     status_delta,
     trainer_state,
 )
@@ -106,3 +107,43 @@ def test_a_trainer_that_spent_its_restarts_fails_the_job_with_that_reason_and_th
     failed = find(s["conditions"], "Failed")
     assert s["phase"] == "Failed" and (failed["reason"], failed["status"]) == ("TrainerRestartBudgetExhausted", "True")
     assert "maxRestarts (2)" in failed["message"] and s["trainerRestarts"] == 2  # never counted down
+
+
+def test_what_probes_alone_change_is_not_news_but_a_written_count_is_kept_true():
+    def engines(*cells: dict) -> dict:
+        return {"engines": [{"name": f"j-cell-{i}", "state": "Serving", **c} for i, c in enumerate(cells)]}
+
+    stored = engines({"lastProbeTime": "t0"}, {"lastProbeTime": "t0"})
+    assert quiet_delta(stored, engines({"lastProbeTime": "t1"}, {"lastProbeTime": "t1"}), T0)
+    # a failure below the threshold (0 -> 2, still Serving): not news
+    assert quiet_delta(stored, engines({"lastProbeTime": "t1", "consecutiveFailures": 2}, {}), T0)
+    # the threshold's verdict moves the state: news, with the count
+    assert not quiet_delta(stored, {"engines": [{"name": "j-cell-0", "state": "Unhealthy", "consecutiveFailures": 3},
+                                                {"name": "j-cell-1", "state": "Serving"}]}, T0)
+    # a count that went out with another change is not left standing: its reset and its rise are news
+    counted = engines({"consecutiveFailures": 1}, {})
+    assert not quiet_delta(counted, engines({"consecutiveFailures": 0}, {}), T0)
+    assert not quiet_delta(counted, engines({"consecutiveFailures": 2}, {}), T0)
+    assert not quiet_delta(stored, {**engines({}, {}), "phase": "Running"}, T0)
+    assert not quiet_delta(stored, engines({}), T0)  # a cell fewer
+
+
+def test_a_pending_cells_pods_and_endpoint_wait_for_its_next_change_but_not_for_long():
+    from rljob_operator.reconcile.job_status import PENDING_QUIET_SECONDS
+
+    born = iso(T0)
+    pending = {"name": "j-cell-0", "state": "Pending", "generation": 0, "pods": [], "lastTransitionTime": born}
+    stored = {"engines": [pending]}
+    made = {**pending, "pods": ["j-cell-0-g0-0"]}
+    placed = {**made, "endpoint": "http://10.0.0.1:8000"}
+    assert quiet_delta(stored, {"engines": [made]}, T0 + 1)
+    assert quiet_delta(stored, {"engines": [placed]}, T0 + PENDING_QUIET_SECONDS - 1)
+    # still Pending after that: stuck (unschedulable, a quota), so `kubectl describe` names its pods
+    assert not quiet_delta(stored, {"engines": [made]}, T0 + PENDING_QUIET_SECONDS)
+    # the cell starts: written at once, with its pods and endpoint
+    assert not quiet_delta(stored, {"engines": [{**placed, "state": "Starting"}]}, T0 + 1)
+    # a serving cell's endpoint moving is news
+    serving = {**placed, "state": "Serving"}
+    assert not quiet_delta({"engines": [serving]}, {"engines": [{**serving, "endpoint": "http://10.0.0.2:8000"}]}, T0 + 1)
+    # a Pending cell whose other fields move (a new generation) is news
+    assert not quiet_delta(stored, {"engines": [{**made, "generation": 1}]}, T0 + 1)

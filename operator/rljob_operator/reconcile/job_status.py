@@ -23,7 +23,7 @@ from enum import StrEnum
 from typing import Any
 
 from controller_runtime.api.status import CellState, ConditionType, Phase
-from controller_runtime.clock import iso
+from controller_runtime.clock import iso, parse_iso
 from rljob_operator.conditions import Want, find, merge_conditions, transitions
 from rljob_operator.kueue import QueuePhase, QueueState
 
@@ -254,25 +254,56 @@ def semantically_equal(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None)
 
 
 PROBE_TIME = "lastProbeTime"
+FAILURES = "consecutiveFailures"
+PENDING_BOOKKEEPING = frozenset({"pods", "endpoint"})
+# How long a Pending cell's pod names and endpoint wait for its next change before they are
+# written on their own: a cell still Pending after this is stuck (unschedulable, a quota) and
+# `kubectl describe` should name its pods; one that serves sooner writes them with that change.
+PENDING_QUIET_SECONDS = 30.0
 
 
-def _without_probe_times(engines: Any) -> Any:
-    if not isinstance(engines, list):
-        return engines
-    return [{k: v for k, v in e.items() if k != PROBE_TIME} if isinstance(e, dict) else e for e in engines]
+def _engine_news(held: Mapping[str, Any] | None, new: Mapping[str, Any], now: float) -> bool:
+    """Whether one cell's entry `new`, against `held` as stored, is worth a write of its own."""
+    if held is None:
+        return True
+    changed = {k for k in set(held) | set(new) if k != PROBE_TIME and held.get(k) != new.get(k)}
+    if FAILURES in changed and not held.get(FAILURES):
+        changed.discard(FAILURES)  # a count below the threshold: the state did not move
+    if changed and changed <= PENDING_BOOKKEEPING and held.get("state") == new.get("state") == CellState.Pending:
+        try:
+            pending_for = now - parse_iso(str(new.get("lastTransitionTime")))
+        except ValueError:
+            return True
+        return pending_for >= PENDING_QUIET_SECONDS
+    return bool(changed)
 
 
-def only_probe_times(stored: Mapping[str, Any] | None, delta: Mapping[str, Any]) -> bool:
-    """Whether a non-empty `delta` changes nothing but cells' `lastProbeTime`.
+def quiet_delta(stored: Mapping[str, Any] | None, delta: Mapping[str, Any], now: float) -> bool:
+    """Whether a non-empty `delta` changes only what is not written on its own.
 
-    Such a delta is not written: a health probe that changed nothing must cost the API server
-    nothing (at 1,000 jobs of 4 cells probed every 10 s, writing it was 100 status patches a
-    second, issue 13). The probe time goes out with the next real change, and the live age is
-    the `rljob_cell_last_probe_age_seconds` gauge, computed from what the controller holds.
+    Such a delta is not written; it goes out with the job's next real change, and the gauges
+    (`rljob_cell_last_probe_age_seconds`, `rljob_cell_consecutive_probe_failures`) carry it live:
+
+    - cells' `lastProbeTime`: a health probe that changed nothing must cost the API server
+      nothing (at 1,000 jobs of 4 cells probed every 10 s, writing it was 100 status patches a
+      second, issue 13);
+    - a failed probe below `failureThreshold` (`consecutiveFailures` 0 -> k, the state
+      unchanged): under load probes time out, and writing each failure (and the success that
+      reset it) was 517-634 status patches of an N=1,000 ramp on the API server that was its
+      bottleneck. The kubelet flips a pod's readiness at the threshold, not at each failure. A
+      count already written (it went out with another change) is kept true: its reset is written;
+    - a Pending cell's pod names and endpoint, for its first `PENDING_QUIET_SECONDS`: they come
+      in as the pods are made and scheduled, a pass or two before the cell starts, and written
+      each on its own they were 37-46 % of an N=300 ramp's status patches (bench/RESULTS.md,
+      "Status writes of the ramp"). A cell Pending longer has them written.
     """
-    if set(delta) != {"engines"}:
+    if set(delta) != {"engines"} or not isinstance(delta["engines"], list):
         return False
-    return _without_probe_times((stored or {}).get("engines")) == _without_probe_times(delta["engines"])
+    held = {e.get("name"): e for e in (stored or {}).get("engines") or [] if isinstance(e, dict)}
+    new = delta["engines"]
+    if len(new) != len(held) or not all(isinstance(e, dict) for e in new):
+        return False
+    return not any(_engine_news(held.get(e.get("name")), e, now) for e in new)
 
 
 def status_delta(stored: Mapping[str, Any] | None, wanted: Mapping[str, Any]) -> dict[str, Any]:

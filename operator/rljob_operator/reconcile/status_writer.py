@@ -5,7 +5,8 @@ One writer per job, and writes are serialised: the reconcile loop and the contro
 What to write is decided by `status.build_status` from an `Observed` the caller assembles
 from the values the steps returned; only the difference to what is stored goes out, as a
 merge patch, so a pass that changed nothing writes nothing; a pass whose only news is when
-the cells were last probed writes nothing either (`job_status.only_probe_times`).
+the cells were last probed, a failed probe below the threshold, or a young Pending cell's pods
+and endpoint, writes nothing either (`job_status.quiet_delta`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 from rljob_operator.metrics import Metrics
 from rljob_operator.reconcile.context import JobContext
-from rljob_operator.reconcile.job_status import Observed, build_status, only_probe_times, status_delta
+from rljob_operator.reconcile.job_status import Observed, build_status, quiet_delta, status_delta
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +51,8 @@ class StatusWriter:
             conditions_before = self.stored.get("conditions")
             status, changed = build_status(self.stored, obs)
             delta = status_delta(self.stored, status)
-            if not delta or only_probe_times(self.stored, delta):
-                # the gauges follow what the controller holds (probe ages included), written or not
+            if not delta or quiet_delta(self.stored, delta, obs.now):
+                # the gauges follow what the controller holds (probe ages, failure counts), written or not
                 self.metrics.observe_status(self.job.namespace, self.job.name, {**self.stored, **delta})
                 return
             obj = await self.job.kube.patch_rljob_status(self.job.namespace, self.job.name, delta)
