@@ -140,6 +140,17 @@ def pool_waits(text: str) -> dict[str, dict[str, float | None]]:
     }
 
 
+def metric_total(text: str, name: str) -> float:
+    """The sum of a metric's samples over all its labels in a /metrics page (e.g. the operator's
+    `rljob_reconcile_total`: its passes over the whole run, all jobs)."""
+    total = 0.0
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if m is not None and m["name"] == name:
+            total += float(m["value"])
+    return total
+
+
 def by_verb(m: ApiMetrics) -> dict[str, int]:
     c: Counter[str] = Counter()
     for (verb, _r, _s), n in m.requests.items():
@@ -662,7 +673,9 @@ def run_rljobs(cluster: Cluster, n: int, args: argparse.Namespace, logs: Path) -
                 args,
             )
             assert fleet.poll() is None, "the fleet stand-in died"
-            waits = pool_waits(operator.metrics())
+            page = operator.metrics()
+            waits = pool_waits(page)
+            passes = metric_total(page, "rljob_reconcile_total")
             finished = True
     finally:
         rec.stop()
@@ -670,7 +683,7 @@ def run_rljobs(cluster: Cluster, n: int, args: argparse.Namespace, logs: Path) -
             operator.stop()
         # a failed or stopped run leaves no fleet behind (the cluster is the suite's): go, unwaited
         drop_namespace(cluster, ns, ("rljobs", "rljob.io"), wait=finished and not args.smoke)
-    return {**side.report(), "operator_pool_wait_seconds": waits}
+    return {**side.report(), "operator_pool_wait_seconds": waits, "operator_passes": passes}
 
 
 def kuberay_binary(args: argparse.Namespace) -> str | None:

@@ -119,6 +119,7 @@ class InferenceController:
         serve_initial_weights: bool = False,
         poll_seconds: float = 10.0,
         probes_wake_passes: bool = True,
+        pods_wake_passes: bool = False,
         call_timeout_seconds: float = 120.0,
         pass_timeout_seconds: float = 120.0,
         flush_retries: int = 60,
@@ -135,6 +136,11 @@ class InferenceController:
         # False: a pass's delay leaves out when probes fall due, and the driver starts them on
         # time itself (`seconds_until_probe`, `probe_health`) without a whole pass (the operator).
         self.probes_wake_passes = probes_wake_passes
+        # True: the driver runs a pass when a pod of a cell that waits for its pods changes (the
+        # operator's pod watch), so a Pending or Starting cell is not looked at again every
+        # STARTING_PROBE_SECONDS: at 1,000 RLJobs whose cells wait minutes for their pods that
+        # poll asked for up to 2,000 passes a second of the operator's one event loop.
+        self.pods_wake_passes = pods_wake_passes
         self.call_timeout = call_timeout_seconds
         self.pass_timeout = pass_timeout_seconds
         self.labels = dict(labels or {})  # extra labels for the platform to put on every cell
@@ -415,7 +421,8 @@ class InferenceController:
             if cell.state is S.Unhealthy and cell.next_restart_time is not None:
                 waits.append(cell.next_restart_time - now)
             elif cell.state in (S.Pending, S.Starting):
-                waits.append(STARTING_PROBE_SECONDS)
+                if not self.pods_wake_passes:
+                    waits.append(STARTING_PROBE_SECONDS)
                 if cell.created_time is not None:
                     waits.append(cell.created_time + self.spec.health_check.startup_deadline_seconds - now)
                     placed_by = cell.created_time + self.spec.health_check.scheduling_deadline_seconds

@@ -23,7 +23,8 @@ from controller_runtime.deadline import call_within
 from controller_runtime.ports import EngineClient
 
 # A starting engine is probed at most this far apart (or intervalSeconds, if shorter), and a
-# pending or starting cell is looked at again after as long: its first answer is what turns a
+# pending or starting cell is looked at again after as long unless its pods' changes wake
+# passes (`InferenceController.pods_wake_passes`): its first answer is what turns a
 # replacement into PendingWeights, and at intervalSeconds (miles: 30 s) a replacement that listens
 # a moment after its first probe would wait a whole interval for the next. A starting engine
 # answers with a refused connection, which costs nothing.

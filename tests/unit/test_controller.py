@@ -27,6 +27,7 @@ from controller_runtime.controller import InferenceController
 from controller_runtime.errors import LockHeld, SnapshotMismatch, WeightCheckMismatch
 from controller_runtime.events import ControllerEvent, Reason
 from controller_runtime.fakes import FakeEngine, FakeEngines, FakePlatform, settle
+from controller_runtime.health import STARTING_PROBE_SECONDS
 from controller_runtime.ports import CellObservation, CellRequest
 from controller_runtime.window import NoReadyEngines
 
@@ -182,6 +183,20 @@ async def test_pending_to_starting_waits_for_running_pods() -> None:
     await settle(h.ctrl, passes=1)
     assert h.states() == [S.PendingWeights]
 
+
+
+async def test_a_cell_waiting_for_its_pods_is_polled_only_when_pod_changes_do_not_wake_passes() -> None:
+    """A driver without a pod watch (local mode) looks at a Pending cell every
+    STARTING_PROBE_SECONDS; one whose pod events wake passes (the operator) is asked for a pass
+    only at the poll, or the cell's deadlines."""
+    h = harness(1, platform=FakePlatform(start_running=False))
+    await settle(h.ctrl)
+    assert h.states() == [S.Pending]
+    assert await h.ctrl.reconcile() == STARTING_PROBE_SECONDS
+    watched = h.new_controller(pods_wake_passes=True, poll_seconds=7.0)
+    await settle(watched)
+    assert [c.state for c in watched.cells.values()] == [S.Pending]
+    assert await watched.reconcile() == 7.0
 
 async def test_serve_initial_weights_goes_straight_to_serving() -> None:
     h = harness(2, serve_initial_weights=True)

@@ -16,6 +16,7 @@ from rljob_operator.registry import VERB_PUBLISHES, JobRegistry
 from controller_runtime.api.spec import RLJobSpec
 from controller_runtime.clock import FakeClock, iso
 from controller_runtime.fakes import FakeEngines, FakePlatform
+from controller_runtime.health import STARTING_PROBE_SECONDS
 
 
 class FakeKube:
@@ -698,6 +699,34 @@ async def test_a_burst_of_pod_events_wakes_the_loop_once():
     assert rt._pod_wake is not None  # a later event: a wake of its own
     rt._pod_wake.cancel()
 
+
+
+async def test_a_job_whose_cells_wait_for_their_pods_is_not_polled_its_pod_events_wake_it():
+    """A Pending or Starting cell was looked at again every 0.5 s (STARTING_PROBE_SECONDS) though
+    the pod watch wakes its job: at 1,000 RLJobs whose pods wait minutes in the API server's and
+    the scheduler's queues, up to 2,000 passes a second asked of the one event loop. The pass's
+    delay is now the resync's; the pods' running is seen through the watch's wake, and a starting
+    engine's probes run from the loop's wait, the one that finds it up waking a pass."""
+    clock, platform, engines, body = FakeClock(), FakePlatform(start_running=False), FakeEngines(), rljob()
+    rt, _, _ = runtime(body, platform, clock, engines=engines)
+    await rt.run_pass()  # the pods are made, and wait to be scheduled
+    ctl = rt.controller
+    assert ctl is not None and {c.state.name for c in ctl.fleet.all()} == {"Pending"}
+    assert await rt.run_pass() == rt.resync_seconds, "no pass every 0.5 s while the pods wait"
+    for name in list(platform.cells):
+        engines(platform.endpoint_of(name, 0)).healthy = False  # loading
+        platform.run_pods(name)
+    assert await woken_by_pod(rt, {"metadata": {"name": "job-cell-0-g0-0"}, "status": {"phase": "Running"}})
+    assert await rt.run_pass() == rt.resync_seconds, "no pass every 0.5 s while the engines load"
+    assert {c.state.name for c in ctl.fleet.all()} == {"Starting"}
+    rt._wake.clear()
+    for engine in engines.engines.values():
+        engine.healthy = True
+    await clock.advance(STARTING_PROBE_SECONDS)  # a starting cell's re-probe is due: it runs on its own
+    assert {c.state.name for c in ctl.fleet.all()} == {"Serving"}
+    assert rt._wake.is_set(), "the probe that found the engines up woke a pass"
+    await rt.run_pass()
+    assert body["status"]["ready"] == "2/2"
 
 class EventPool:
     """A sink of its own for Events (the operator gives them a pool apart from the passes' calls)."""

@@ -80,3 +80,13 @@ def test_the_operators_pool_waits_are_read_by_queue_from_its_own_metrics() -> No
     assert set(waits) == {"outside", "work", "resync"}
     assert waits["resync"]["calls"] == 10 and waits["work"]["calls"] == 1
     assert 5.0 < waits["resync"]["p50"] <= 10.0 and waits["work"]["p99"] <= 0.005
+
+
+def test_the_operators_passes_are_summed_over_its_jobs_from_its_own_metrics() -> None:
+    from rljob_operator.metrics import Metrics
+
+    metrics = Metrics()
+    metrics.reconciles.labels("ns", "a").inc(3)
+    metrics.reconciles.labels("ns", "b").inc(4)
+    metrics.reconcile_errors.labels("ns", "a", "pass").inc(5)  # another metric: not counted
+    assert load_bench().metric_total(metrics.exposition().decode(), "rljob_reconcile_total") == 7

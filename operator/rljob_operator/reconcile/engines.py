@@ -156,6 +156,7 @@ class EngineFleet:
                 serve_initial_weights=True,
                 poll_seconds=self.job.resync_seconds,
                 probes_wake_passes=False,  # the job's loop starts them between passes (`JobRuntime.wait`)
+                pods_wake_passes=True,  # the pod watch wakes the job (`JobRuntime.poke_for_pod`)
                 audit=job_audit(self.job.namespace, self.job.name),
             )
             self._inference_spec = inference
