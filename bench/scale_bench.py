@@ -527,6 +527,7 @@ class Side:
     ramp_cpu_s: float
     steady_cpu_s: float
     peak_rss_bytes: int
+    end_rss_bytes: int
     change_latencies: list[float]
     steady_own_writes: dict[str, int]
 
@@ -538,6 +539,8 @@ class Side:
             "pods_created_seconds": round(self.pods_created_s, 3), "ready_seconds": round(self.ready_s, 3),
             "pods_per_second": round(self.pods / self.pods_created_s, 1) if self.pods_created_s else None,
             "operator_peak_rss_mib": round(self.peak_rss_bytes / MIB, 1),
+            # after the steady state and the changes: what the ramp's peak left held
+            "operator_end_rss_mib": round(self.end_rss_bytes / MIB, 1),
             "operator_cpu_seconds": {"ramp": round(self.ramp_cpu_s, 2), "steady": round(self.steady_cpu_s, 2)},
             "requests_ramp_by_verb": by_verb(self.ramp),
             "requests_steady_by_verb": by_verb(self.steady),
@@ -615,6 +618,7 @@ def measure_side(
         p1.cpu_seconds - p0.cpu_seconds,
         p3.cpu_seconds - p2.cpu_seconds,
         p4.peak_rss_bytes,
+        p4.rss_bytes,
         latencies,
         own,
     )
