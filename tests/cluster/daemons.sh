@@ -8,31 +8,53 @@
 # the starting script's: a check made right after the fork took a live daemon for dead (a
 # fresh machine's CI: "coredns died", CoreDNS serving). So nothing returns before the exec.
 
-# proc_is PID PATTERN: PID is alive (not a zombie) and its command line holds PATTERN.
-proc_is() {
+# proc_gone PID: PID has exited (no such process, or a zombie).
+proc_gone() {
   local stat
-  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 0
   stat=${stat##*) }
-  [[ ${stat%% *} != Z ]] && grep -q "$2" "/proc/$1/cmdline" 2>/dev/null
+  [[ ${stat%% *} == Z ]]
+}
+
+# proc_is PID PATTERN: PID is alive and its command line holds PATTERN.
+proc_is() {
+  ! proc_gone "$1" && grep -q "$2" "/proc/$1/cmdline" 2>/dev/null
 }
 
 # await_exec PID PATTERN: return once PID is PATTERN's process or gone (at most 20 s).
 await_exec() {
-  local _ stat
+  local _
   for _ in $(seq 1 400); do
     proc_is "$1" "$2" && return 0
-    stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 0
-    stat=${stat##*) }
-    [[ ${stat%% *} == Z ]] && return 0
+    proc_gone "$1" && return 0
     sleep 0.05
   done
 }
 
 # daemon_alive NAME [PATTERN]: the daemon <name> started by start_daemon still runs.
+# A live pid whose command line does not hold PATTERN is asked again for up to 3 s before it
+# counts as someone else's: a daemon started through a chain of execs (nohup, `ip netns exec`,
+# the daemon) is seen between two of them with its old command line or none at all (the
+# kernel sets the new one late in execve), and a CI run under load took CoreDNS for dead there
+# after await_exec had seen only the first exec. A pid that is gone or a zombie is dead at once.
 daemon_alive() {
-  local pid
+  local pid _
   pid=$(cat "$CACHE/$1.pid" 2>/dev/null) || return 1
-  [[ -n "$pid" ]] && proc_is "$pid" "${2:-$1}"
+  [[ -n "$pid" ]] || return 1
+  for _ in $(seq 1 60); do
+    proc_is "$pid" "${2:-$1}" && return 0
+    proc_gone "$pid" && return 1
+    sleep 0.05
+  done
+  return 1
+}
+
+# daemon_describe NAME: what its pid file names, for the message of a daemon found dead.
+daemon_describe() {
+  local pid
+  pid=$(cat "$CACHE/$1.pid" 2>/dev/null) || { echo "$1: no pid file"; return 0; }
+  echo "$1: pid $pid, stat: $(cat "/proc/$pid/stat" 2>/dev/null || echo gone)," \
+       "cmdline: $(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null || echo gone)"
 }
 
 # start_daemon NAME [--match PATTERN] CMD ARGS...: run CMD in the cluster's namespace, in the

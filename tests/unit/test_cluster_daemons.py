@@ -66,3 +66,22 @@ def test_a_pid_file_naming_some_other_live_process_is_not_the_daemon(cache: Path
     res = _bash(cache, f"daemon_alive {NAME} && echo alive || echo dead")
     assert res.stdout.strip() == "dead"
     (cache / f"{NAME}.pid").unlink()
+
+
+def test_a_daemon_seen_between_two_execs_of_its_start_chain_is_not_taken_for_dead(cache: Path) -> None:
+    # The chain nohup -> `ip netns exec` -> daemon: start_daemon returns once the first exec
+    # holds the name; the next one is seen without it for a while (here 1 s, as when a loaded
+    # machine pages in a large binary), and daemon_alive must not call that dead. The check is
+    # made once the process is seen in that middle stage.
+    stage2 = cache / "stage2"
+    stage2.write_text(f"sleep 1; exec -a {NAME} sleep 60\n")
+    launcher = _launcher(cache, f"exec -a {NAME}-launcher bash -c 'sleep 0.3; exec bash \"{stage2}\"'")
+    res = _bash(
+        cache,
+        f'start_daemon {NAME} "{launcher}"; pid=$(cat "$CACHE/{NAME}.pid")\n'
+        f"while grep -q {NAME} /proc/$pid/cmdline; do sleep 0.02; done\n"
+        f"grep -q stage2 /proc/$pid/cmdline && echo middle\n"
+        f"daemon_alive {NAME} && echo alive || echo dead",
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["middle", "alive"]
