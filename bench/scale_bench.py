@@ -26,7 +26,9 @@ steady state (after `--settle` seconds), the steady state's writes by resource (
 than Leases and Nodes are the operators': kwok and the control plane write only those there),
 mutating request p99 (`apiserver_request_duration_seconds`, POST/PUT/PATCH/APPLY/DELETE) and the
 reconcile latency of a changed job (`--changes` jobs one after another: replicas 4 -> 5, until
-the new cell's first pod is seen; RayCluster workers 7 -> 8, until the new worker pod is seen).
+the new cell's first pod is seen; RayCluster workers 7 -> 8, until the new worker pod is seen),
+and when the fleet's pods were bound, Running, Ready and (an RLJob's cell leaders) labelled
+serving (`pod_timeline_seconds`: which step a slow ramp waited on).
 
 Prints one JSON object, then a one-line summary. Targets (issue 13, 1,000 jobs): RSS <= 256 MiB,
 zero operator writes/s at steady state apart from the Lease, replicas 4 -> 5 p99 <= 2 s,
@@ -61,6 +63,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from rljob_operator.labels import SERVING as SERVING_LABEL  # noqa: E402
 
 from tests.cluster.fixtures import Cluster, cache_dir, wait_for  # noqa: E402
 from tests.integration.operator_harness import OperatorProcess, free_port, install_crd, make_rljob  # noqa: E402
@@ -133,7 +137,9 @@ def pool_waits(text: str) -> dict[str, dict[str, float | None]]:
             continue
         labels = dict(_LABEL.findall(m["labels"]))
         le = labels["le"]
-        buckets.setdefault(labels["queue"], Counter())[math.inf if le == "+Inf" else float(le)] += int(float(m["value"]))
+        buckets.setdefault(labels["queue"], Counter())[math.inf if le == "+Inf" else float(le)] += int(
+            float(m["value"])
+        )
     return {
         queue: {"calls": b[math.inf], "p50": histogram_quantile(0.5, b), "p99": histogram_quantile(0.99, b)}
         for queue, b in sorted(buckets.items())
@@ -370,6 +376,9 @@ class Recorder:
             is_ready,
         )
         self.pod_seen: dict[str, float] = {}
+        # when each pod was first seen in each later state (`pod_milestones`): where a ramp's
+        # time goes between the last pod made and the last job ready
+        self.pod_at: dict[str, dict[str, float]] = {m: {} for m in MILESTONES}
         self.ready_at: dict[str, float] = {}
         self.cond = threading.Condition()
         self.stopped = False
@@ -403,9 +412,12 @@ class Recorder:
     def _pods(self) -> None:
         def on(pod: dict[str, Any]) -> None:
             name = pod["metadata"]["name"]
+            now = time.monotonic()
             with self.cond:
+                for m in pod_milestones(pod):
+                    self.pod_at[m].setdefault(name, now)
                 if name not in self.pod_seen:
-                    self.pod_seen[name] = time.monotonic()
+                    self.pod_seen[name] = now
                     self.cond.notify_all()
 
         self._follow(self.core.list_namespaced_pod, (self.ns,), on)
@@ -435,6 +447,41 @@ class Recorder:
 
     def stop(self) -> None:
         self.stopped = True
+
+
+MILESTONES = ("bound", "running", "ready", "serving")
+
+
+def pod_milestones(pod: Mapping[str, Any]) -> list[str]:
+    """The MILESTONES a pod has reached: scheduled to a node, phase Running, condition Ready,
+    and (an RLJob's cell leader) labelled serving by the operator, which it does once the
+    engine answered its probes."""
+    status = pod.get("status") or {}
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    got = []
+    if (pod.get("spec") or {}).get("nodeName"):
+        got.append("bound")
+    if status.get("phase") == "Running":
+        got.append("running")
+    if any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []):
+        got.append("ready")
+    if labels.get(SERVING_LABEL) == "true":
+        got.append("serving")
+    return got
+
+
+def milestone_seconds(at: Mapping[str, float], t0: float, names: Sequence[str]) -> dict[str, float | None]:
+    """When the pods `names` reached one milestone, as seconds from t0: median, 90th
+    percentile and last (None: none did); `count` how many of them reached it."""
+    xs = sorted(at[n] - t0 for n in names if n in at)
+    if not xs:
+        return {"count": 0, "p50": None, "p90": None, "last": None}
+    return {
+        "count": len(xs),
+        "p50": round(statistics.median(xs), 1),
+        "p90": round(xs[min(len(xs) - 1, math.ceil(0.9 * len(xs)) - 1)], 1),
+        "last": round(xs[-1], 1),
+    }
 
 
 def rljob_ready(obj: dict[str, Any]) -> bool:
@@ -530,6 +577,8 @@ class Side:
     end_rss_bytes: int
     change_latencies: list[float]
     steady_own_writes: dict[str, int]
+    # per milestone (`pod_milestones`; "created" first), when the fleet's pods reached it
+    pod_timeline: dict[str, dict[str, float | None]] = field(default_factory=dict)
 
     def report(self) -> dict[str, Any]:
         w = foreground_writes(self.steady)
@@ -555,6 +604,7 @@ class Side:
             "change_latency_seconds": {k: (round(v, 3) if v is not None else None)
                                        for k, v in quantiles(self.change_latencies).items()},
             "changes": len(self.change_latencies),
+            "pod_timeline_seconds": self.pod_timeline,
         }  # fmt: skip
 
 
@@ -592,6 +642,11 @@ def measure_side(
     )
     t_ready = rec.wait(lambda: len(rec.ready_at) >= n, args.timeout, f"{n} {name} ready")
     m1, p1 = scrape(cluster), proc_stats(pid)
+    with rec.cond:
+        fleet = [p for p in rec.pod_seen if is_fleet_pod(p)]
+        timeline = {"created": milestone_seconds(rec.pod_seen, t0, fleet)} | {
+            m: milestone_seconds(rec.pod_at[m], t0, fleet) for m in MILESTONES
+        }
     time.sleep(args.settle)  # a measuring window, not a wait for state
     m2, p2, t2, w2 = scrape(cluster), proc_stats(pid), time.monotonic(), time.time()
     time.sleep(args.steady)
@@ -621,6 +676,7 @@ def measure_side(
         p4.rss_bytes,
         latencies,
         own,
+        timeline,
     )
 
 
@@ -866,7 +922,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--no-kuberay", action="store_true", help="RLJobs only")
     p.add_argument(
-        "--executor", action="store_true",
+        "--executor",
+        action="store_true",
         help="give every RLJob its rollout executor (Deployment, Service, policy): not the issue's fleet",
     )
     p.add_argument("--log-dir")

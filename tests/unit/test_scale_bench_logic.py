@@ -40,14 +40,18 @@ def test_histogram_quantile_interpolates_within_the_bucket_like_prometheus() -> 
 def test_audit_writes_count_one_client_in_the_window() -> None:
     b = load_bench()
 
-    def ev(agent: str, verb: str, resource: str, at: str, sub: str | None = None, stage: str = "ResponseComplete") -> str:
+    def ev(
+        agent: str, verb: str, resource: str, at: str, sub: str | None = None, stage: str = "ResponseComplete"
+    ) -> str:
         ref = {"resource": resource, **({"subresource": sub} if sub else {})}
         return json.dumps({"stage": stage, "userAgent": agent, "verb": verb, "objectRef": ref,
                            "requestReceivedTimestamp": at})  # fmt: skip
 
     lines = [
         ev("rljob-operator/a", "patch", "rljobs", "2026-12-01T10:00:01.5Z", "status"),
-        ev("rljob-operator/a", "patch", "rljobs", "2026-12-01T10:00:01.5Z", "status", stage="ResponseStarted"),
+        ev(
+            "rljob-operator/a", "patch", "rljobs", "2026-12-01T10:00:01.5Z", "status", stage="ResponseStarted"
+        ),
         ev("rljob-operator/a", "update", "leases", "2026-12-01T10:00:02Z"),
         ev("kopf/1.38", "patch", "rljobs", "2026-12-01T10:00:03Z"),
         ev("kube-controller-manager/v1.36.3", "update", "leases", "2026-12-01T10:00:02Z"),
@@ -90,3 +94,25 @@ def test_the_operators_passes_are_summed_over_its_jobs_from_its_own_metrics() ->
     metrics.reconciles.labels("ns", "b").inc(4)
     metrics.reconcile_errors.labels("ns", "a", "pass").inc(5)  # another metric: not counted
     assert load_bench().metric_total(metrics.exposition().decode(), "rljob_reconcile_total") == 7
+
+
+def test_a_pods_milestones_are_read_from_its_node_phase_ready_condition_and_serving_label() -> None:
+    b = load_bench()
+    made = {"metadata": {"name": "j-cell-0-g0-0", "labels": {"rljob.io/serving": "false"}}, "spec": {}}
+    assert b.pod_milestones(made) == []
+    live = {
+        "metadata": {"name": "j-cell-0-g0-0", "labels": {"rljob.io/serving": "true"}},
+        "spec": {"nodeName": "scale-0"},
+        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
+    }
+    assert b.pod_milestones(live) == ["bound", "running", "ready", "serving"]
+    not_ready = {**live, "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "False"}]}}
+    assert b.pod_milestones(not_ready) == ["bound", "running", "serving"]
+
+
+def test_milestone_seconds_counts_only_the_named_pods_that_reached_it() -> None:
+    b = load_bench()
+    at = {f"p{i}": 100.0 + i for i in range(10)} | {"other": 500.0}
+    got = b.milestone_seconds(at, 100.0, [f"p{i}" for i in range(12)])
+    assert got == {"count": 10, "p50": 4.5, "p90": 8.0, "last": 9.0}
+    assert b.milestone_seconds(at, 100.0, ["q"]) == {"count": 0, "p50": None, "p90": None, "last": None}
