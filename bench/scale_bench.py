@@ -318,25 +318,50 @@ def scrape(cluster: Cluster) -> ApiMetrics:
     return parse_metrics(cluster.kubectl("get", "--raw", "/metrics", timeout=60).stdout)
 
 
+def managed_nodes(nodes: Mapping[str, Any], leases: Mapping[str, Any]) -> int:
+    """How many of `nodes` (a NodeList) are Ready and held by kwok: their Lease in
+    kube-node-lease (`leases`, a LeaseList) has a holder and belongs to this Node's uid.
+
+    Ready alone is not enough: kwok plays a node's pod stages only once it holds the node's
+    Lease, and a node made again under the name of a deleted one (the previous run's) has the
+    old node's Lease until the garbage collector removes it. Pods bound meanwhile were made
+    Running only when kwok took the new Lease and listed the node's pods, ~50 s later
+    (bench/RESULTS.md, "Where the ramp waits")."""
+    held = {
+        (lease["metadata"]["name"], ref.get("uid"))
+        for lease in leases.get("items") or []
+        if (lease.get("spec") or {}).get("holderIdentity")
+        for ref in lease["metadata"].get("ownerReferences") or []
+    }
+    return sum(
+        1
+        for node in nodes.get("items") or []
+        if (node["metadata"]["name"], node["metadata"].get("uid")) in held
+        and any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in (node.get("status") or {}).get("conditions") or []
+        )
+    )
+
+
 def ensure_nodes(cluster: Cluster, count: int) -> int:
     have = len(
         cluster.kubectl("get", "nodes", "-l", "testcluster.rljob.io/pool=scale", "-o", "name").stdout.split()
     )
     if have < count:
+        # an earlier run's nodes of these names left Leases the new nodes would wait out
+        names = [f"scale-{i}" for i in range(have, count)]
+        cluster.kubectl(
+            "delete", "lease", "-n", "kube-node-lease", "--ignore-not-found", "--wait=false", *names
+        )
         cluster.kubectl("create", "-f", "-", input=scale_nodes_yaml(have, count - have), timeout=600)
 
     def ready() -> bool:
-        out = cluster.kubectl(
-            "get",
-            "nodes",
-            "-l",
-            "testcluster.rljob.io/pool=scale",
-            "-o",
-            'jsonpath={range .items[*]}{.status.conditions[?(@.type=="Ready")].status}{"\\n"}{end}',
-        ).stdout
-        return out.split().count("True") >= count
+        nodes = cluster.kubectl("get", "nodes", "-l", "testcluster.rljob.io/pool=scale", "-o", "json").stdout
+        leases = cluster.kubectl("get", "leases", "-n", "kube-node-lease", "-o", "json").stdout
+        return managed_nodes(json.loads(nodes), json.loads(leases)) >= count
 
-    wait_for(ready, 300, interval=1, what=f"{count} scale nodes Ready")
+    wait_for(ready, 300, interval=1, what=f"{count} scale nodes Ready and held by kwok")
     return max(have, count)
 
 

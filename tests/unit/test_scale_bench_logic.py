@@ -116,3 +116,36 @@ def test_milestone_seconds_counts_only_the_named_pods_that_reached_it() -> None:
     got = b.milestone_seconds(at, 100.0, [f"p{i}" for i in range(12)])
     assert got == {"count": 10, "p50": 4.5, "p90": 8.0, "last": 9.0}
     assert b.milestone_seconds(at, 100.0, ["q"]) == {"count": 0, "p50": None, "p90": None, "last": None}
+
+
+def _node(name: str, uid: str, ready: str = "True") -> dict[str, object]:
+    return {
+        "metadata": {"name": name, "uid": uid},
+        "status": {"conditions": [{"type": "Ready", "status": ready}]},
+    }
+
+
+def _lease(name: str, owner_uid: str, holder: str = "kwok") -> dict[str, object]:
+    return {
+        "metadata": {"name": name, "ownerReferences": [{"kind": "Node", "name": name, "uid": owner_uid}]},
+        "spec": {"holderIdentity": holder},
+    }
+
+
+def test_a_node_counts_as_managed_only_when_kwok_holds_a_lease_of_this_node_not_of_its_namesake() -> None:
+    b = load_bench()
+    nodes = {
+        "items": [_node("scale-0", "new-0"), _node("scale-1", "new-1"), _node("scale-2", "new-2", "False")]
+    }
+    leases = {
+        "items": [
+            _lease("scale-0", "new-0"),
+            _lease("scale-1", "old-1"),  # the deleted node of the same name: not yet collected
+            _lease("scale-2", "new-2"),  # held, but the node is not Ready
+        ]
+    }
+    assert b.managed_nodes(nodes, leases) == 1
+    leases["items"][1] = _lease("scale-1", "new-1", holder="")
+    assert b.managed_nodes(nodes, leases) == 1  # no holder yet
+    leases["items"][1] = _lease("scale-1", "new-1")
+    assert b.managed_nodes(nodes, leases) == 2
