@@ -21,6 +21,7 @@ import yaml
 
 from controller_runtime.engine_extensions import WEIGHT_TRANSFER_EXTENSION
 from tests.cluster.fixtures import wait_for  # one polling helper for every cluster test
+from tests.fixtures.process_logs import register
 
 REPO = Path(__file__).resolve().parents[2]
 STANDIN_DIR = REPO / "tests" / "engine_standin"
@@ -77,6 +78,7 @@ class OperatorProcess:
         ]  # fmt: skip
         with self.log_path.open("wb") as out:
             self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO)
+        register(f"operator {identity}", self.log_path)
         wait_for(lambda: self.healthz() is not None, 60, what=f"operator {identity} /healthz")
 
     @property
