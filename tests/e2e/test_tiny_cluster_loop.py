@@ -47,6 +47,7 @@ from rljob_operator import labels as L
 from rollout_executor.dataset import PromptDataset
 
 from tests.cluster.fixtures import Cluster
+from tests.cluster.waiting import WaitTimeout
 from tests.e2e.conftest import PID_ANNOTATION, control_service_account, kjson
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -104,11 +105,21 @@ def kill_process(pod: dict[str, Any]) -> None:
     os.killpg(int(pod["metadata"]["annotations"][PID_ANNOTATION]), signal.SIGKILL)
 
 
-def scrape(c: Cluster, url: str) -> str:
-    """GET `url` from inside the cluster's network namespace (pod addresses exist only there)."""
+def scrape(c: Cluster, url: str, timeout: float = 120.0) -> str:
+    """GET `url` from inside the cluster's network namespace (pod addresses exist only there).
+
+    Tried again until `timeout`, each failure's stderr kept for the report: the one GET this test
+    made of the executor's metrics, right after the job succeeded (while the operator deletes
+    its engine pods on the shared 2 cores), once failed in CI, and said no more than its exit status."""
     code = f"import urllib.request; print(urllib.request.urlopen({url!r}, timeout=10).read().decode())"
-    return subprocess.run(c.in_netns([sys.executable, "-c", code]), check=True, capture_output=True,
-                          text=True, timeout=60).stdout
+
+    def get() -> str:
+        r = subprocess.run(c.in_netns([sys.executable, "-c", code]), capture_output=True, text=True, timeout=60)
+        if r.returncode != 0:
+            raise RuntimeError(f"exit {r.returncode}: {r.stderr.strip()[-2000:]}")
+        return r.stdout
+
+    return c.wait_for(get, timeout=timeout, interval=2, what=f"GET {url}")
 
 
 def metric(text: str, name: str) -> float:
@@ -212,7 +223,10 @@ def test_apply_tiny_cluster_trains_through_executor_engine_and_trainer_kills_to_
         row = c.kubectl("-n", ns, "get", "rlj", JOB).stdout
         text = c.kubectl("-n", ns, "describe", "rlj", JOB).stdout
         assert phase() == "Succeeded", f"{row}\n{text}\n{all_logs()}"
-        executor_metrics = scrape(c, f"http://{new_executor['status']['podIP']}:10002/metrics")
+        try:
+            executor_metrics = scrape(c, f"http://{new_executor['status']['podIP']}:10002/metrics")
+        except WaitTimeout as e:
+            raise AssertionError(f"{e}\n{all_logs()}") from e
         assert re.search(rf"^{JOB}\s+Succeeded\b", row.splitlines()[1]), row
         assert re.search(r"^  Phase:\s+Succeeded$", text, re.M), text
         final = status()
