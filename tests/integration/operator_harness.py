@@ -21,7 +21,7 @@ import yaml
 
 from controller_runtime.engine_extensions import WEIGHT_TRANSFER_EXTENSION
 from tests.cluster.fixtures import wait_for  # one polling helper for every cluster test
-from tests.fixtures.process_logs import register
+from tests.fixtures.process_logs import register, tail
 
 REPO = Path(__file__).resolve().parents[2]
 STANDIN_DIR = REPO / "tests" / "engine_standin"
@@ -103,9 +103,7 @@ class OperatorProcess:
         return bool(h and h.get("detail") == "leader")
 
     def log_tail(self, n: int = 60) -> str:
-        with contextlib.suppress(OSError):
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
-        return ""
+        return tail(self.log_path, n)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
         if self.proc.poll() is None:
