@@ -16,6 +16,7 @@ from typing import Any, TypeVar, overload
 
 import aiohttp
 
+from controller_runtime.clients.probe import probe
 from controller_runtime.errors import (
     EngineHTTPError,
     EngineProtocolError,
@@ -120,6 +121,19 @@ class EngineHTTP:
         if status >= 400:
             raise EngineHTTPError(self.endpoint, status, text)
         return HTTPReply(status, text)
+
+    async def probe(self, path: str, timeout_s: float | None = None) -> None:
+        """A health probe of `path`: a status below 400, or the typed error `request` raises.
+
+        Made by `clients.probe` (a connection of its own, closed after the reply, as the
+        kubelet's prober does) without the session: it is the call the operator makes most,
+        and aiohttp's per-request work was most of its cost (`clients/probe.py`). An endpoint
+        that is not plain http goes through `request`."""
+        limit = self.timeout if timeout_s is None else timeout_s
+        if not self.endpoint.startswith("http://"):
+            await self.request("GET", path, timeout_s=limit, close=True)
+            return
+        await probe(self.endpoint, path, limit)
 
     async def get_json(
         self, path: str, *, params: Params | None = None, timeout_s: float | None = None

@@ -48,7 +48,7 @@ class SGLangClient:
 
     async def health_generate(self) -> None:
         """GET /health_generate: 200 once the engine generated one token (503 otherwise)."""
-        await self._http.request("GET", "/health_generate", close=True)
+        await self._http.probe("/health_generate")
 
     async def health(self) -> None:
         await self.health_generate()

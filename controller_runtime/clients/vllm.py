@@ -75,7 +75,7 @@ class VLLMClient:
 
     async def health(self) -> None:
         """GET /health: 200 when the engine core is alive (503 once it died)."""
-        await self._http.request("GET", "/health", close=True)
+        await self._http.probe("/health")
 
     async def metrics(self) -> dict[str, float]:
         """GET /metrics, the `vllm:` samples summed over labels (e.g. vllm:num_requests_running)."""
