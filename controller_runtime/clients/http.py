@@ -16,7 +16,7 @@ from typing import Any, TypeVar, overload
 
 import aiohttp
 
-from controller_runtime.clients.probe import probe
+from controller_runtime.clients.probe import Target, probe
 from controller_runtime.errors import (
     EngineHTTPError,
     EngineProtocolError,
@@ -60,6 +60,7 @@ class EngineHTTP:
         self.timeout = timeout
         self._session = session
         self._owns_session = session is None
+        self._probe_target = _probe_target(self.endpoint)  # parsed once: probes come every interval
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -130,10 +131,10 @@ class EngineHTTP:
         and aiohttp's per-request work was most of its cost (`clients/probe.py`). An endpoint
         that is not plain http goes through `request`."""
         limit = self.timeout if timeout_s is None else timeout_s
-        if not self.endpoint.startswith("http://"):
+        if self._probe_target is None:
             await self.request("GET", path, timeout_s=limit, close=True)
             return
-        await probe(self.endpoint, path, limit)
+        await probe(self.endpoint, path, limit, self._probe_target)
 
     async def get_json(
         self, path: str, *, params: Params | None = None, timeout_s: float | None = None
@@ -151,6 +152,15 @@ class EngineHTTP:
         if self._owns_session and self._session is not None and not self._session.closed:
             await self._session.close()
         self._session = None
+
+
+def _probe_target(endpoint: str) -> Target | None:
+    """Where `clients.probe` connects; None for an endpoint it does not take (https), whose
+    probes go through the session."""
+    try:
+        return Target.of(endpoint)
+    except ValueError:
+        return None
 
 
 def expect_object(endpoint: str, route: str, value: Any) -> dict[str, Any]:

@@ -5,7 +5,7 @@ Why not the aiohttp session every other engine call uses: a probe is the one eng
 operator makes all the time (every cell, every `intervalSeconds`: 400 probes/s at 1,000 RLJobs
 of 4 cells probed every 10 s), and through aiohttp each one built a request, a response, a URL,
 timer contexts and a connector entry. In a py-spy profile of the operator at rest with 1,000
-RLJobs those probes were 58 % of the event loop's busy samples, two thirds of them aiohttp's own
+RLJobs those probes were 57 % of the event loop's busy samples, two thirds of them aiohttp's own
 Python around a TCP handshake (bench/RESULTS.md). A probe needs none of it: the answer's status
 decides, the body is only the message of a failure.
 
@@ -148,11 +148,12 @@ class _ProbeProtocol(asyncio.Protocol):
             self.transport.close()
 
 
-async def probe(endpoint: str, path: str, timeout_s: float) -> Reply:
+async def probe(endpoint: str, path: str, timeout_s: float, target: Target | None = None) -> Reply:
     """GET `path` of the engine at `endpoint` on a connection of its own, closed after the reply;
-    a reply of status < 400, or the typed error `EngineHTTP.request` raises for the same failure."""
+    a reply of status < 400, or the typed error `EngineHTTP.request` raises for the same failure.
+    `target`: `endpoint` parsed already (a client probes the same engine every interval)."""
     what = f"GET {path}"
-    target = Target.of(endpoint)
+    target = target or Target.of(endpoint)
     request = (
         f"GET {path} HTTP/1.1\r\nHost: {target.authority}\r\nUser-Agent: rljob-probe\r\n"
         "Accept: */*\r\nConnection: close\r\n\r\n"
