@@ -34,7 +34,12 @@ from rljob_operator import labels as L
 from rljob_operator.audit_stream import configure_audit
 from rljob_operator.auth import Authorizer
 from rljob_operator.controller_api import ControlServer, ops_app
-from rljob_operator.handlers import OperatorContext, engine_pod_event, kopf_settings
+from rljob_operator.handlers import (
+    OperatorContext,
+    engine_pod_event,
+    keep_managed_fields_out_of_kopf,
+    kopf_settings,
+)
 from rljob_operator.kubeapi import USER_AGENT, KubeApi
 from rljob_operator.kubeconn import ApiConnection, connect
 from rljob_operator.leader import LeaderElector
@@ -209,6 +214,7 @@ async def run_operator(s: OperatorSettings) -> int:
                 engine_http=engine_http,
                 events=events_kube,
             )
+            keep_managed_fields_out_of_kopf()
             kopf_task = asyncio.create_task(
                 kopf.operator(
                     settings=kopf_settings(s),

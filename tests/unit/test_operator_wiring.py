@@ -8,7 +8,9 @@ from pathlib import Path
 from typing import Any, cast
 
 import kopf
+import pytest
 import yaml
+from kopf._cogs.clients import watching as kopf_watching
 from kopf._cogs.structs.references import Resource
 from rljob_operator import handlers, main
 from rljob_operator import labels as L
@@ -128,3 +130,39 @@ def test_kopf_watches_rljobs_only_and_the_engine_pod_watch_asks_for_engine_pods(
     s = load_settings(["--namespace", "rl", "--namespace", "rl2", "--kubeconfig", "/dev/null"])
     watch = main.engine_pod_watch(s, cast(Any, Kube()), cast(Any, Memo()), Metrics(), "rl2")
     assert (watch.namespace, watch.selector, watch.path) == ("rl2", f"{L.ROLE}={L.ROLE_ENGINE}", "/api/v1/namespaces/rl2/pods")
+
+
+async def test_kopf_is_handed_every_rljob_body_without_managed_fields(monkeypatch: pytest.MonkeyPatch) -> None:
+    """kopf keeps the latest body of each RLJob for as long as its daemon runs; what its watcher
+    reads (`infinite_watch`, listed objects and watch events alike) comes without managedFields,
+    every other field as the API server sent it, bookmarks as they were. kopf's own
+    `continuous_watch` is stood in for here (it needs an API server); the rest is kopf's code, so
+    this fails if a kopf release stops looking `continuous_watch` up by name."""
+
+    def rljob(rv: str) -> dict[str, Any]:
+        return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "RLJob",
+                "metadata": {"name": "j", "namespace": "rl", "resourceVersion": rv, "finalizers": ["f"],
+                             "managedFields": [{"manager": "rljob-operator", "subresource": "status",
+                                                "fieldsV1": {"f:status": {"f:phase": {}}}}]},
+                "spec": {"inference": {"replicas": 2}}, "status": {"phase": "Running"}}  # fmt: skip
+
+    from_server: list[Any] = [{"type": None, "object": rljob("5")}, kopf_watching.Bookmark.LISTED,
+                              {"type": "MODIFIED", "object": rljob("6")}]  # fmt: skip
+
+    async def kopfs_own(**_: Any) -> Any:
+        for event in from_server:
+            yield event
+
+    monkeypatch.setattr(kopf_watching, "continuous_watch", kopfs_own)
+    handlers.keep_managed_fields_out_of_kopf()
+    handlers.keep_managed_fields_out_of_kopf()  # a second install does not wrap twice
+    rljobs = Resource(GROUP, VERSION, PLURAL, kind="RLJob", singular="rljob", namespaced=True)
+    stream = kopf_watching.infinite_watch(settings=kopf.OperatorSettings(), resource=rljobs, namespace="rl", _iterations=1)
+    seen = [event async for event in stream]
+
+    expected = [{"type": None, "object": rljob("5")}, kopf_watching.Bookmark.LISTED,
+                {"type": "MODIFIED", "object": rljob("6")}]  # fmt: skip
+    for event in expected:
+        if isinstance(event, dict):
+            del event["object"]["metadata"]["managedFields"]
+    assert seen == expected
