@@ -344,6 +344,9 @@ def managed_nodes(nodes: Mapping[str, Any], leases: Mapping[str, Any]) -> int:
     )
 
 
+LEASE_DELETE_CHUNK = 50
+
+
 def ensure_nodes(cluster: Cluster, count: int) -> int:
     have = len(
         cluster.kubectl("get", "nodes", "-l", "testcluster.rljob.io/pool=scale", "-o", "name").stdout.split()
@@ -355,8 +358,13 @@ def ensure_nodes(cluster: Cluster, count: int) -> int:
         names = {f"scale-{i}" for i in range(have, count)}
         listed = cluster.kubectl("get", "leases", "-n", "kube-node-lease", "-o", "name").stdout.split()
         stale = sorted(names.intersection(n.rsplit("/", 1)[-1] for n in listed))
-        if stale:
-            cluster.kubectl("delete", "lease", "-n", "kube-node-lease", "--ignore-not-found", "--wait=false", *stale)
+        # right after a run of 1,000 all of them are: one kubectl for all took over its 120 s
+        # bound (a request per name), so they go in chunks, a few kubectls at a time
+        chunks = [stale[i : i + LEASE_DELETE_CHUNK] for i in range(0, len(stale), LEASE_DELETE_CHUNK)]
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(lambda names: cluster.kubectl(
+                "delete", "lease", "-n", "kube-node-lease", "--ignore-not-found", "--wait=false", *names
+            ), chunks))  # fmt: skip
         cluster.kubectl("create", "-f", "-", input=scale_nodes_yaml(have, count - have), timeout=600)
 
     def ready() -> bool:
