@@ -16,6 +16,13 @@ and what was freed between long-lived objects stayed in the process. At N=300 RL
 128 KiB it gave back 0.5 MiB and the peak RSS was 0.92x (bench/RESULTS.md). Fixing a threshold
 is `mallopt`, as the `MALLOC_MMAP_THRESHOLD_` variable would, set here so that every way of
 starting the operator gets it. Other C libraries are left as they are.
+
+The price: asyncio reads every socket into a fresh 256 KiB buffer (`recv(max_size)`, shrunk to
+what came), which at this threshold is an mmap and an munmap each, ~9 us per small read against
+~0.8 us from the heap (a send and a recv of 300 bytes on a socketpair), as glibc does anyway
+until its first large free raises the threshold. Fixed at 1 MiB instead, reads come from the
+heap but the N=300 operator kept 12 MiB that `malloc_trim` could give back and peaked at
+134.8 MiB, as without the fix: the buffers of those reads were what stayed behind.
 """
 
 from __future__ import annotations
