@@ -13,7 +13,8 @@ and its heap-trim threshold to twice that: after the operator's first LIST of a 
 buffer of megabytes) every later large buffer, a response or its decoding, came from the heap,
 and what was freed between long-lived objects stayed in the process. At N=300 RLJobs a
 `malloc_trim` at rest gave back 17 of 138 MiB; with both thresholds fixed at glibc's default
-128 KiB it gave back 0.5 MiB and the peak RSS was 0.92x (bench/RESULTS.md). Fixing a threshold
+128 KiB it gave back 0.5 MiB, and the peak RSS at N=1,000 was 254 against 311-316 MiB, kopf's
+bodies without managedFields included (bench/RESULTS.md). Fixing a threshold
 is `mallopt`, as the `MALLOC_MMAP_THRESHOLD_` variable would, set here so that every way of
 starting the operator gets it. Other C libraries are left as they are.
 
@@ -22,7 +23,7 @@ what came), which at this threshold is an mmap and an munmap each, ~9 us per sma
 ~0.8 us from the heap (a send and a recv of 300 bytes on a socketpair), as glibc does anyway
 until its first large free raises the threshold. Fixed at 1 MiB instead, reads come from the
 heap but the N=300 operator kept 12 MiB that `malloc_trim` could give back and peaked at
-134.8 MiB, as without the fix: the buffers of those reads were what stayed behind.
+131.7 MiB against 118.2 at 128 KiB: the buffers of those reads were what stayed behind.
 """
 
 from __future__ import annotations
