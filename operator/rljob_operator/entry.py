@@ -13,7 +13,7 @@ and its heap-trim threshold to twice that: after the operator's first LIST of a 
 buffer of megabytes) every later large buffer, a response or its decoding, came from the heap,
 and what was freed between long-lived objects stayed in the process. At N=300 RLJobs a
 `malloc_trim` at rest gave back 17 of 138 MiB; with both thresholds fixed at glibc's default
-128 KiB it gave back 0.5 MiB, and the peak RSS at N=1,000 was 254 against 311-316 MiB, kopf's
+128 KiB it gave back 0.5 MiB, and the peak RSS at N=1,000 was 254-265 against 311-316 MiB, kopf's
 bodies without managedFields included (bench/RESULTS.md). Fixing a threshold
 is `mallopt`, as the `MALLOC_MMAP_THRESHOLD_` variable would, set here so that every way of
 starting the operator gets it. Other C libraries are left as they are.
