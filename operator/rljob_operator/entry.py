@@ -29,7 +29,6 @@ heap but the N=300 operator kept 12 MiB that `malloc_trim` could give back and p
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import sys
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
@@ -39,9 +38,8 @@ FIXED_THRESHOLD_BYTES = 128 * 1024  # glibc's own default, without its raising
 def fix_malloc_thresholds() -> bool:
     """Whether glibc's malloc now keeps both thresholds fixed (module docstring)."""
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # not glibc
+        mallopt = ctypes.CDLL(None).mallopt  # the process's own C library; no `find_library` subprocess
+    except AttributeError:  # a C library without it
         return False
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
     return all(mallopt(param, FIXED_THRESHOLD_BYTES) == 1 for param in (M_MMAP_THRESHOLD, M_TRIM_THRESHOLD))
