@@ -90,6 +90,20 @@ def hosts_file(pod_ip: str, hostname: str, subdomain: str, namespace: str, domai
     return f"# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n{pod_ip}\t{names}\n"
 
 
+def mac_of(pod_ip: str) -> str:
+    """The MAC address of the pod's eth0: a function of its address (`0a:58:` and the address's
+    four bytes, a locally administered unicast MAC, as kubenet gave its pods).
+
+    kwok hands out the lowest free address of a node's range, so a pod that replaces a deleted
+    one (an engine recreated by the operator) usually gets its address at once. With a random
+    MAC, every pod that spoke to the old one still holds the old MAC in its neighbour table, and
+    its first connection to the new pod stalls until that entry fails its probes: 11 s measured
+    (SYN retransmissions), enough to time out a trainer's weight push into the new engine. The
+    bridge plugin's gratuitous ARP on ADD does not fix it (it goes out before the veth forwards).
+    With the MAC a function of the address, a stale entry is a correct one."""
+    return "0a:58:" + ":".join(f"{octet:02x}" for octet in ipaddress.IPv4Address(pod_ip).packed)
+
+
 def netns_name(prefix: str, uid: str) -> str:
     return f"{prefix}-p-{uid.replace('-', '')[:12]}"
 
@@ -169,7 +183,7 @@ class PodNetwork:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"netns": name, "conf": conf}))
         self._cni("ADD", loopback_config(), name, uid, "lo")
-        self._cni("ADD", conf, name, uid, "eth0", f"IgnoreUnknown=1;IP={pod_ip}")
+        self._cni("ADD", conf, name, uid, "eth0", f"IgnoreUnknown=1;IP={pod_ip};MAC={mac_of(pod_ip)}")
         etc = ETC_NETNS / name
         etc.mkdir(parents=True, exist_ok=True)
         (etc / "resolv.conf").write_text(resolv_conf(namespace, self.dns_ip, self.domain))

@@ -178,6 +178,15 @@ def test_apply_tiny_cluster_trains_through_executor_engine_and_trainer_kills_to_
         logs = {p.name: p.read_text(errors="replace") for p in (c.cache / "logs").glob(f"{ns}_*.log")}
         return "\n".join(f"== {k}\n{v[-3000:]}" for k, v in logs.items())
 
+    def window_story() -> str:
+        """The trainers' weight pushes and the operator's Events, every line of them: what a
+        failed assertion on windows and cells needs (the tails of all_logs may have lost it)."""
+        keep = re.compile(r"rljob_client\.trainer\.(loop|transport)|controller_client|controller_runtime\.fleet")
+        files = sorted((c.cache / "logs").glob(f"{ns}_{JOB}-trainer-0-*.log")) + sorted(
+            (c.cache / "logs").glob(f"{ns}_*operator*.log"))
+        return "\n".join(f"{p.name}: {line[:300]}" for p in files
+                         for line in p.read_text(errors="replace").splitlines() if keep.search(line))
+
     def rank0_reached(step: int, attempt: int = 0) -> None:
         """Wait until rank 0 of trainer attempt `attempt` has logged `step`.
 
@@ -240,7 +249,7 @@ def test_apply_tiny_cluster_trains_through_executor_engine_and_trainer_kills_to_
         replaced = [e["message"] for e in events if e["reason"] == "CellReplaced"]
         aborted = [e["message"] for e in events
                    if e["reason"] == "WindowAborted" and e["message"].startswith(f"[{JOB}-cell-0]")]
-        assert len(replaced) == 1 and not aborted, (replaced, aborted)
+        assert len(replaced) == 1 and not aborted, f"{replaced}\n{aborted}\n{window_story()}"
         assert "generation 0 -> 1 (restart 1 of" in replaced[0], replaced
         served_at = [int(m.group(1)) for e in events if e["reason"] == "CellServing"
                      and (m := re.search(r"PendingWeights -> Serving: weights (\d+)", e["message"]))]

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.cluster.fixtures import Cluster, env_value, inside_netns
-from tests.cluster.podnet import BRIDGE_PREFIX
+from tests.cluster.podnet import BRIDGE_PREFIX, mac_of
 
 pytestmark = pytest.mark.cluster
 
@@ -157,6 +157,9 @@ def test_endpointslice_carries_the_pods_own_address(podnet_cluster, web):
         ).stdout
     )
     assert [a["local"] for a in addrs[0]["addr_info"] if a["family"] == "inet"] == [pod_ip]
+    # Its MAC is a function of that address: a pod that later gets the address (kwok reuses the
+    # lowest free one at once) is reached through its peers' neighbour entries as they stand.
+    assert addrs[0]["address"] == mac_of(pod_ip)
 
 
 def run_to_result(c, ns: str, name: str, code: str) -> tuple[dict, dict]:
