@@ -103,7 +103,7 @@ M = TypeVar("M", bound=BaseModel)
 # The error classes live with the error table (controller_runtime.api.wire_errors); these
 # names are what trainers have always imported from here.
 __all__ = [
-    "KV_TAGS", "SERVICE_ACCOUNT_TOKEN", "WEIGHT_TAGS",
+    "KV_TAGS", "SERVICE_ACCOUNT_TOKEN", "WEIGHT_TAGS", "WINDOW_HOLDER_ENV",
     "ControllerAPIError", "ControllerBadRequest", "ControllerClient", "ControllerConflict", "ControllerEngineError",
     "ControllerEngineTimeout", "ControllerForbidden", "ControllerInternalError", "ControllerJobFinished",
     "ControllerJobNotFound", "ControllerJobSuspended", "ControllerLockHeld", "ControllerMethodNotAllowed",
@@ -293,8 +293,20 @@ class _VerbClient:
 # -- HTTP ----------------------------------------------------------------------------------
 
 
+WINDOW_HOLDER_ENV = "RLJOB_WINDOW_HOLDER"
+
+
 def default_holder() -> str:
-    return os.environ.get("POD_NAME") or os.environ.get("HOSTNAME") or f"trainer-{os.getpid()}"
+    """Who this trainer is to the controller's lock: `RLJOB_WINDOW_HOLDER` when set, else the pod.
+
+    A trainer killed inside a window leaves the lock held; its next start recognises the window
+    as its own by this name and aborts it at once (`resume.abort_orphan_window`). The operator
+    sets it to the trainer Job's name because the pod name (and HOSTNAME) is new on every
+    restart: named by pod, the restarted trainer met LockHeld until the lock expired
+    (`lockTimeoutSeconds`, 600 s by default) and failed each attempt meanwhile. Set it the
+    same way in a trainer of your own (`workloadRef`)."""
+    return (os.environ.get(WINDOW_HOLDER_ENV) or os.environ.get("POD_NAME") or os.environ.get("HOSTNAME")
+            or f"trainer-{os.getpid()}")
 
 
 class InferenceControllerClient(_VerbClient):

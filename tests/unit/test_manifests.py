@@ -354,6 +354,10 @@ def test_trainer_is_an_indexed_job_with_torchrun_env() -> None:
     assert env["RLJOB_ROLLOUT_ADDRESS"] == "ray://llama-70b-rollout:10001"
     assert env["RLJOB_CONTROLLER_URL"] == URL
     assert (env["RLJOB_NAME"], env["RLJOB_NAMESPACE"]) == ("llama-70b", "rl")
+    # The window holder is the Job's, not the pod's: a restart (new pods) knows its predecessor's window.
+    assert env["RLJOB_WINDOW_HOLDER"] == "llama-70b-trainer"
+    assert env_of(trainer_workload(j, URL, 2)[1]["spec"]["template"]["spec"]["containers"][0])[
+        "RLJOB_WINDOW_HOLDER"] == "llama-70b-trainer"
     assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "8"
     assert pod["containers"][0]["command"] == ["python", "-m", "rljob_client.trainer"]
 

@@ -18,20 +18,24 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from rljob_client.controller_client import LocalControllerClient
+from rljob_client.controller_client import WINDOW_HOLDER_ENV, LocalControllerClient, default_holder
 from rljob_client.trainbatch import TrainBatch
 from rljob_client.trainer.loop import LoopConfig, TrainingLoop, WeightSyncFailed
 from rljob_client.trainer.policy import StepMetrics
+from rljob_client.trainer.resume import abort_orphan_window
+from rljob_operator.manifests import trainer_workload
 
 from controller_runtime.api.spec import InferenceSpec, MemoryTag, RLJobSpec
 from controller_runtime.api.status import CellState
 from controller_runtime.clock import FakeClock
 from controller_runtime.controller import InferenceController
+from controller_runtime.errors import LockHeld
 from controller_runtime.fakes import FakeEngine, FakeEngines, FakePlatform, settle
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 TINY_CPU = Path(__file__).resolve().parents[2] / "examples" / "tiny-cpu.yaml"
+TINY_CLUSTER = TINY_CPU.with_name("tiny-cluster.yaml")
 
 
 async def eventually(predicate: Callable[[], bool], within: float = 5.0) -> None:
@@ -337,3 +341,42 @@ async def test_the_window_waits_for_starting_cells_as_configured(rig: Rig) -> No
     assert isinstance(controller, RecordingController) and controller.ready_timeouts == [7.0]
     spec = RLJobSpec.model_validate(yaml.safe_load(TINY_CPU.read_text())["spec"])
     assert LoopConfig.from_spec(spec).ready_timeout_seconds == spec.inference.weight_update.ready_timeout_seconds == 60
+
+
+def trainer_pod_holder(job: dict[str, Any], attempt: int, pod_name: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The holder a trainer pod of `attempt` calls itself: the env the operator's manifest gives
+    it, with HOSTNAME set to the pod's name as every container runtime sets it."""
+    [_, trainer_job] = trainer_workload(job, "http://rljob-operator.rljob-system.svc:8443", attempt)
+    env = {e["name"]: e["value"] for e in trainer_job["spec"]["template"]["spec"]["containers"][0]["env"]
+           if "value" in e}
+    with monkeypatch.context() as m:
+        for name in ("POD_NAME", WINDOW_HOLDER_ENV):
+            m.delenv(name, raising=False)
+        m.setenv("HOSTNAME", pod_name)
+        for name, value in env.items():
+            m.setenv(name, value)
+        return default_holder()
+
+
+async def test_the_next_trainer_pod_aborts_the_window_its_killed_predecessor_left_open(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 0 killed inside a window leaves the lock held. The trainer Job's next pod has another
+    name; it must still know the window as its own and abort it at once. Named by pod, it met
+    LockHeld on its first push until the lock expired (lockTimeoutSeconds, 600 s by default),
+    failing every restart meanwhile."""
+    job = yaml.safe_load(TINY_CLUSTER.read_text())
+    job["metadata"].update(namespace="rl", uid="0e9c1f50-5b1c-4a57-9d0a-6c2f3b1d7e11")  # as stored
+    killed = trainer_pod_holder(job, 0, "tiny-cluster-trainer-0-x7k2p", monkeypatch)
+    successor = trainer_pod_holder(job, 1, "tiny-cluster-trainer-0-9qwzt", monkeypatch)
+    await eventually(lambda: bool(rig.controller.serving_endpoints()))
+    await LocalControllerClient(rig.controller, killed).start_update_weights(killed)  # and never ends it
+    client = LocalControllerClient(rig.controller, successor)
+    with pytest.raises(LockHeld):
+        await client.start_update_weights(successor)
+    assert await abort_orphan_window(client, successor)
+    # The lock is free at once; the window's engine, stopped by the abort, comes back to take weights.
+    await eventually(lambda: rig.controller.engine_statuses()[0].state is CellState.PendingWeights)
+    window = await client.start_update_weights(successor)
+    await client.abort_update_weights(dict(window.snapshot))
+    assert killed == successor == f"{job['metadata']['name']}-trainer"

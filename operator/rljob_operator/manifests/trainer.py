@@ -88,6 +88,10 @@ def _env(view: JobView, controller_url: str) -> list[dict[str, Any]]:
         env_value("RLJOB_CONTROLLER_URL", controller_url),
         env_value("RLJOB_NAME", view.name),
         env_value("RLJOB_NAMESPACE", view.namespace),
+        # The update window's holder: the Job's name, the same on every restart, so a trainer
+        # killed inside a window is known by its next start, which aborts it at once
+        # (rljob_client.controller_client.default_holder); its pod's name is new each time.
+        env_value("RLJOB_WINDOW_HOLDER", trainer_name(view.name)),
         env_value("RLJOB_ROLLOUT_ADDRESS", rollout_address(view)),
         env_value("RLJOB_MODEL_PATH", model_path(view.spec.model)),
         env_value("RLJOB_WEIGHT_UPDATE_METHOD", str(wu.method)),
