@@ -99,7 +99,7 @@ def mac_of(pod_ip: str) -> str:
     MAC, every pod that spoke to the old one still holds the old MAC in its neighbour table, and
     its first connection to the new pod stalls until that entry fails its probes: 11 s measured
     (SYN retransmissions), enough to time out a trainer's weight push into the new engine. The
-    bridge plugin's gratuitous ARP on ADD does not fix it (it goes out before the veth forwards).
+    bridge plugin's gratuitous ARP on ADD did not correct the entry (measured: still the old MAC).
     With the MAC a function of the address, a stale entry is a correct one."""
     return "0a:58:" + ":".join(f"{octet:02x}" for octet in ipaddress.IPv4Address(pod_ip).packed)
 
