@@ -26,6 +26,7 @@ from controller_runtime.ports import Platform
 from rljob_operator import labels as L
 from rljob_operator.delivered import Delivered, record_delivered
 from rljob_operator.event_recorder import EventSink
+from rljob_operator.interned import interned
 from rljob_operator.kinds import GROUP, PLURAL, VERSION
 from rljob_operator.kubeapi import KubeApi
 from rljob_operator.kubeconn import connection_info
@@ -104,12 +105,15 @@ class LeanDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
 
 
 def without_managed_fields(raw_event: Any) -> Any:
-    """The watch event with its object's `metadata.managedFields` removed (in place: the dict is
-    fresh from the stream's JSON, no one else holds it yet); bookmarks and errors pass as they are."""
+    """The watch event with its object's `metadata.managedFields` removed and its strings shared
+    with the other jobs' bodies (`interned`: kopf keeps this object for as long as the job's
+    daemon runs); bookmarks and errors pass as they are. The event dict is changed in place:
+    it is fresh from the stream's JSON, no one else holds it yet."""
     obj = raw_event.get("object") if isinstance(raw_event, dict) else None
     meta = obj.get("metadata") if isinstance(obj, dict) else None
     if isinstance(meta, dict):
         meta.pop("managedFields", None)
+        raw_event["object"] = interned(obj)
     return raw_event
 
 

@@ -4,6 +4,7 @@ sized to its threads."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, cast
 
@@ -146,8 +147,9 @@ async def test_kopf_is_handed_every_rljob_body_without_managed_fields(monkeypatc
                                                 "fieldsV1": {"f:status": {"f:phase": {}}}}]},
                 "spec": {"inference": {"replicas": 2}}, "status": {"phase": "Running"}}  # fmt: skip
 
-    from_server: list[Any] = [{"type": None, "object": rljob("5")}, kopf_watching.Bookmark.LISTED,
-                              {"type": "MODIFIED", "object": rljob("6")}]  # fmt: skip
+    # each event decoded apart, as the stream's lines are: no key object shared between them
+    from_server: list[Any] = [json.loads(json.dumps({"type": None, "object": rljob("5")})), kopf_watching.Bookmark.LISTED,
+                              json.loads(json.dumps({"type": "MODIFIED", "object": rljob("6")}))]  # fmt: skip
 
     async def kopfs_own(**_: Any) -> Any:
         for event in from_server:
@@ -166,3 +168,7 @@ async def test_kopf_is_handed_every_rljob_body_without_managed_fields(monkeypatc
         if isinstance(event, dict):
             del event["object"]["metadata"]["managedFields"]
     assert seen == expected
+    # and its strings are shared between the bodies kopf keeps (`interned`)
+    first, second = seen[0]["object"], seen[2]["object"]
+    assert all(k1 is k2 for k1, k2 in zip(first["metadata"], second["metadata"], strict=True))
+    assert first["status"]["phase"] is second["status"]["phase"]

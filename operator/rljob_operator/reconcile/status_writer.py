@@ -16,6 +16,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from rljob_operator.interned import interned
 from rljob_operator.metrics import Metrics
 from rljob_operator.reconcile.context import JobContext
 from rljob_operator.reconcile.job_status import Observed, build_status, quiet_delta, status_delta
@@ -56,7 +57,8 @@ class StatusWriter:
                 self.metrics.observe_status(self.job.namespace, self.job.name, {**self.stored, **delta})
                 return
             obj = await self.job.kube.patch_rljob_status(self.job.namespace, self.job.name, delta)
-            self.stored = dict(obj.get("status") or status)
+            # kept until the next write, for every job: its strings shared with the other jobs'
+            self.stored = interned(dict(obj.get("status") or status))
             self.metrics.observe_status(self.job.namespace, self.job.name, self.stored)
             before = {c.get("type") for c in (conditions_before or [])}
             for c in changed:
