@@ -21,13 +21,14 @@ from typing import Any
 SHARED_MAX_LEN = 32  # longer string values stay as decoded
 
 
-def interned(obj: Any) -> Any:
-    """A copy of decoded JSON (dicts, lists, scalars) whose dict keys and short strings are
-    interned; equal to `obj`. Kept objects only: the walk costs about twice the decode."""
+def interned(obj: Any, max_len: int | None = SHARED_MAX_LEN) -> Any:
+    """A copy of decoded JSON (dicts, lists, scalars) whose dict keys and strings of up to
+    `max_len` characters (None: every string) are interned; equal to `obj`. Kept objects only:
+    the walk costs about twice the decode."""
     if isinstance(obj, dict):
-        return {sys.intern(k) if type(k) is str else k: interned(v) for k, v in obj.items()}
+        return {sys.intern(k) if type(k) is str else k: interned(v, max_len) for k, v in obj.items()}
     if isinstance(obj, list):
-        return [interned(v) for v in obj]
-    if type(obj) is str and len(obj) <= SHARED_MAX_LEN:
+        return [interned(v, max_len) for v in obj]
+    if type(obj) is str and (max_len is None or len(obj) <= max_len):
         return sys.intern(obj)
     return obj

@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rljob_operator import labels as L
+from rljob_operator.interned import interned
 
 _KEPT_METADATA = ("name", "namespace", "deletionTimestamp", "resourceVersion", "uid")
 _KEPT_ANNOTATIONS = (L.CELL_NAME_ANNOTATION, L.JOB_NAME_ANNOTATION)
@@ -47,11 +48,6 @@ def object_version(obj: Mapping[str, Any]) -> int:
 
 
 pod_version = object_version  # the name the pod watch's readers use
-
-
-def _interned(d: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of a str -> str map (labels) whose keys and values are interned strings."""
-    return {sys.intern(str(k)): sys.intern(v) if isinstance(v, str) else v for k, v in d.items()}
 
 
 def slim_status(status: Mapping[str, Any]) -> dict[str, Any]:
@@ -88,7 +84,7 @@ def slim_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
     meta = pod.get("metadata") or {}
     node = (pod.get("spec") or {}).get("nodeName")
     kept = {k: meta[k] for k in _KEPT_METADATA if k in meta}
-    kept["labels"] = _interned(meta.get("labels") or {})
+    kept["labels"] = interned(meta.get("labels") or {}, max_len=None)  # label values: up to 63 characters
     annotations = meta.get("annotations") or {}
     kept["annotations"] = {k: annotations[k] for k in _KEPT_ANNOTATIONS if k in annotations}
     return {

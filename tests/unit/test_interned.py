@@ -59,3 +59,14 @@ async def test_the_status_each_job_keeps_shares_its_keys_with_the_other_jobs():
     ca, cb = a["conditions"][0], b["conditions"][0]
     assert all(ka is kb for ka, kb in zip(ca, cb, strict=True))
     assert ca["type"] is cb["type"]
+
+
+def test_the_pod_cache_shares_every_label_value_between_pods_whatever_its_length():
+    """Label values are up to 63 characters and repeat across a job's pods (job, cell, role)."""
+    from rljob_operator.pod_cache import slim_pod
+
+    job = "j" * (SHARED_MAX_LEN + 10)
+    pod = {"metadata": {"name": "p", "labels": {"rljob.io/job": job, "rljob.io/role": "engine"}}, "status": {}}
+    a, b = slim_pod(decoded(pod)), slim_pod(decoded(pod))
+    assert a["metadata"]["labels"] == pod["metadata"]["labels"]
+    assert a["metadata"]["labels"]["rljob.io/job"] is b["metadata"]["labels"]["rljob.io/job"]

@@ -58,7 +58,7 @@ class StatusWriter:
                 return
             obj = await self.job.kube.patch_rljob_status(self.job.namespace, self.job.name, delta)
             # kept until the next write, for every job: its strings shared with the other jobs'
-            self.stored = interned(dict(obj.get("status") or status))
+            self.stored = interned(obj.get("status") or status)
             self.metrics.observe_status(self.job.namespace, self.job.name, self.stored)
             before = {c.get("type") for c in (conditions_before or [])}
             for c in changed:
