@@ -813,3 +813,43 @@ async def test_probes_that_fall_due_between_passes_start_without_a_pass():
     assert passes() == passes_before, "and no pass ran for them"
     due = ctl.seconds_until_probe()
     assert due is not None and due > 0, "nothing due again until the next interval (no busy loop)"
+
+
+async def test_a_jobs_events_wait_while_its_status_write_is_out():
+    """An Event queued before a status write goes out after it: the API server is not asked
+    for both at once (a controller verb answers only after its write; bench/RESULTS.md)."""
+    clock = FakeClock()
+    rt, kube, _ = runtime(rljob(), FakePlatform(), clock)
+    rt.recorder.start()
+    gate = asyncio.Event()
+    patch = kube.patch_rljob_status
+    order: list[str] = []
+
+    async def slow_patch(ns: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
+        order.append("patch sent")
+        await gate.wait()
+        order.append("patch answered")
+        return await patch(ns, name, status)
+
+    create_event = kube.create_event
+
+    async def event(*args: Any, **kwargs: Any) -> None:
+        order.append("event")
+        await create_event(*args, **kwargs)
+
+    kube.patch_rljob_status = slow_patch
+    kube.create_event = event
+
+    async def verb() -> None:  # as a controller verb: its Event queued, then its write, no yield between
+        rt.recorder.record("Normal", "WindowOpened", "trainer opened an update window")
+        await rt.publish("start_update_weights")
+
+    write = asyncio.create_task(verb())
+    for _ in range(20):  # every chance for the recorder's task to write while the patch is out
+        await asyncio.sleep(0)
+    assert order == ["patch sent"]
+    gate.set()
+    await write
+    await rt.recorder.flush()
+    assert order == ["patch sent", "patch answered", "event"]
+    await rt.recorder.close()

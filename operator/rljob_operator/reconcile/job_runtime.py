@@ -297,8 +297,10 @@ class JobRuntime:
         )
 
     async def publish(self, why: str) -> None:
-        """Write what changed in the status (a merge patch), then Events for condition changes."""
-        await self.status.write(self.observed, why)
+        """Write what changed in the status (a merge patch), then Events for condition changes;
+        the job's queued Events wait for the write (`EventRecorder.held`)."""
+        with self.recorder.held():
+            await self.status.write(self.observed, why)
 
     # ---------------------------------------------------------------- the loop
     def steps(self, spec: RLJobSpec) -> list[tuple[str, Step]]:
