@@ -640,6 +640,9 @@ class Side:
             "change_latency_seconds": {k: (round(v, 3) if v is not None else None)
                                        for k, v in quantiles(self.change_latencies).items()},
             "changes": len(self.change_latencies),
+            # each change's, in the order made (jobs N/changes apart from the first): a slow one
+            # is found by its place, not just seen in the p99
+            "change_latencies_seconds": [None if math.isnan(v) else round(v, 3) for v in self.change_latencies],
             "pod_timeline_seconds": self.pod_timeline,
         }  # fmt: skip
 

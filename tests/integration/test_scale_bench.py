@@ -35,6 +35,9 @@ def test_the_smoke_run_measures_both_fleets_and_a_steady_state_that_writes_only_
     assert audited.get("update leases", 0) >= 1, audited  # the Lease renews: the audit log is being read
     assert set(audited) == {"update leases"}, f"steady state wrote more than the Lease: {audited}"
     assert rl["operator_peak_rss_mib"] > 0 and rl["change_latency_seconds"]["p99"] is not None
+    each = rl["change_latencies_seconds"]  # every change's own, so a slow one can be traced by its place
+    assert len(each) == 2 and all(v is not None and v > 0 for v in each), each
+    assert max(each) == rl["change_latency_seconds"]["max"], (each, rl["change_latency_seconds"])
     if "kuberay" in row:
         kr = row["kuberay"]
         assert kr["pods"] == 16 and 0 < kr["ready_seconds"] and kr["changes"] == 2
