@@ -68,8 +68,8 @@ class EventRecorder:
 
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:
-        """Queued Events are not written until every `held` block has ended (they may nest and
-        overlap: two verbs of one job at once)."""
+        """Queued Events are not written until every `held` block has ended (they may overlap: a
+        pass's status write and a verb's, each held while it waits for the writer's lock)."""
         self._holds += 1
         self._open.clear()
         try:
