@@ -4,6 +4,7 @@ from rljob_operator.reconcile.job_status import (
     TrainerState,
     build_status,
     quiet_delta,
+    startup_progress,
     status_delta,
     trainer_state,
 )
@@ -147,3 +148,25 @@ def test_a_pending_cells_pods_and_endpoint_wait_for_its_next_change_but_not_for_
     assert not quiet_delta({"engines": [serving]}, {"engines": [{**serving, "endpoint": "http://10.0.0.2:8000"}]}, T0 + 1)
     # a Pending cell whose other fields move (a new generation) is news
     assert not quiet_delta(stored, {"engines": [{**made, "generation": 1}]}, T0 + 1)
+
+
+def test_cells_coming_up_while_others_start_is_progress_that_may_wait_and_nothing_else_is():
+    def step(stored: dict, *states: str, generation: int = 1) -> tuple[dict, dict]:
+        status, _ = build_status(stored, Observed(now=T0 + 1, generation=generation, replicas=len(states),
+                                                  controller=ctl(*states)))
+        return status, status_delta(stored, status)
+
+    stored, _ = build_status({}, Observed(now=T0, generation=1, replicas=3, controller=ctl("Pending", "Pending", "Pending")))
+    status, delta = step(stored, "Serving", "Starting", "Pending")
+    assert delta and startup_progress(stored, status, delta)
+    assert not startup_progress({}, *step({}, "Serving", "Starting", "Pending")), "the job's first write"
+    assert not startup_progress(stored, *step(stored, "Serving", "Serving", "Serving")), "the write that makes it Ready"
+    assert not startup_progress(stored, *step(stored, "Serving", "Failed", "Pending")), "a cell that failed"
+    assert not startup_progress(stored, *step(stored, "Serving", "PendingWeights", "Pending")), "a cell waiting for weights"
+    assert not startup_progress(stored, *step(stored, "Starting", "Starting", "Pending")), "engines loading, none serving"
+    status, delta = step(stored, "Serving", "Pending", "Pending", generation=2)
+    assert not startup_progress(stored, status, delta), "a new generation observed"
+    recreated = ctl("Serving", "Pending", "Pending")
+    recreated["engines"][1]["restarts"] = 1
+    status, _ = build_status(stored, Observed(now=T0 + 1, generation=1, replicas=3, controller=recreated))
+    assert not startup_progress(stored, status, status_delta(stored, status)), "a cell recreated"

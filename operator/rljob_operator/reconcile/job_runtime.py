@@ -296,11 +296,12 @@ class JobRuntime:
             queue=self.queue.state,
         )
 
-    async def publish(self, why: str) -> None:
+    async def publish(self, why: str, may_hold: bool = False) -> None:
         """Write what changed in the status (a merge patch), then Events for condition changes;
-        the job's queued Events wait for the write (`EventRecorder.held`)."""
+        the job's queued Events wait for the write (`EventRecorder.held`). `may_hold`: a pass's
+        write, whose start-up progress may wait (`status_writer`); a controller call's never."""
         with self.recorder.held():
-            await self.status.write(self.observed, why)
+            await self.status.write(self.observed, why, may_hold)
 
     # ---------------------------------------------------------------- the loop
     def steps(self, spec: RLJobSpec) -> list[tuple[str, Step]]:
@@ -435,9 +436,12 @@ class JobRuntime:
             step = "pass"
             step, result = await run_steps(self.steps(self.effective_spec()))
             step = "status"
-            await self.publish(result.reason or "pass")
+            await self.publish(result.reason or "pass", may_hold=True)
             self._errors, self._last_error = 0, ""
             delay = result.after if result.after is not None else self.resync_seconds
+            held = self.status.hold_left(self.job.clock.now())
+            if held is not None:  # held start-up progress is written by the pass at its due time
+                delay = min(delay, held)
         except Exception as e:
             self._errors += 1
             self.metrics.reconcile_errors.labels(self.namespace, self.name, step).inc()
