@@ -335,23 +335,23 @@ def startup_progress(stored: Mapping[str, Any] | None, status: Mapping[str, Any]
     before = {c.get("type"): c.get("status") for c in stored.get("conditions") or []}
     if any(is_news(c) and before.get(c.get("type")) != c.get("status") for c in status.get("conditions") or []):
         return False
-    if not any(c.get("type") == ConditionType.Ready for c in status.get("conditions") or []):
-        return False
     held = {e.get("name"): e for e in stored.get("engines") or [] if isinstance(e, dict)}
     cells = status.get("engines") or []
     if len(cells) != len(held):
         return False
-    if not any(c.get("state") == CellState.Serving != held[c.get("name")].get("state") for c in cells if c.get("name") in held):
-        return False  # no cell began serving: a fleet that starts loading is written at once
+    began_serving = False  # none did (a fleet that starts loading): written at once
     for cell in cells:
         old = held.get(cell.get("name"))
-        if old is None or cell.get("state") not in _STARTING | _STARTED:
+        if old is None or any(old.get(k) != cell.get(k) for k in _NOT_PROGRESS):
             return False
-        if old.get("state") != cell.get("state") and not (old.get("state") in _STARTING and cell.get("state") in _STARTED):
+        was, now = old.get("state"), cell.get("state")
+        if was != now:
+            if was not in _STARTING or now not in _STARTED:
+                return False
+            began_serving |= now == CellState.Serving
+        elif now not in _STARTING | _STARTED:
             return False
-        if any(old.get(k) != cell.get(k) for k in _NOT_PROGRESS):
-            return False
-    return True
+    return began_serving
 
 
 def status_delta(stored: Mapping[str, Any] | None, wanted: Mapping[str, Any]) -> dict[str, Any]:
