@@ -1,5 +1,5 @@
 """kopf wiring: one daemon per RLJob, a wake-up on every watch event, operator settings; and
-what an engine pod's event does (the pod watch is ours, `pod_watch`, not kopf's).
+what an engine pod's event does (the pod watch is ours, `list_watch`, not kopf's).
 
 Level-based on purpose (kopf's docs/reconciliation.rst): no create/update handlers whose
 missed edges would lose work. The daemon of a job runs the `JobRuntime` loop for as long as
@@ -24,6 +24,7 @@ from kopf._cogs.clients import watching as kopf_watching
 
 from controller_runtime.ports import Platform
 from rljob_operator import labels as L
+from rljob_operator.child_versions import ChildVersions
 from rljob_operator.delivered import Delivered, record_delivered
 from rljob_operator.event_recorder import EventSink
 from rljob_operator.interned import interned
@@ -54,6 +55,7 @@ class OperatorContext:
     make_platform: Callable[[dict[str, Any]], Platform]
     controller_url: str
     pods: EnginePodCache = field(default_factory=EnginePodCache)  # what the engine-pod watch saw, for every job
+    children: ChildVersions | None = None  # the children's versions as watched (main); None: always read
     runtimes: dict[tuple[str, str], JobRuntime] = field(default_factory=dict)
     delivered: dict[tuple[str, str], Delivered] = field(default_factory=dict)  # the relist reads it
     engine_http: aiohttp.ClientSession | None = None  # every job's engine probes and calls (main)
@@ -168,6 +170,8 @@ async def run_rljob(body: kopf.Body, stopped: kopf.DaemonStopped, memo: Any, **_
         acting=ctx.is_leader,
         session=ctx.engine_http,
         events=ctx.events,
+        child_versions=ctx.children,
+        children_resync_seconds=ctx.settings.children_resync_seconds,
     )
     ctx.runtimes[key] = rt
     try:
@@ -192,7 +196,7 @@ async def wake_rljob(
 
 
 def engine_pod_event(ctx: OperatorContext, type: str | None, body: dict[str, Any]) -> None:
-    """An engine pod's change (`pod_watch`) goes into the shared pod cache (the jobs' passes
+    """An engine pod's change (`list_watch`) goes into the shared pod cache (the jobs' passes
     read their pods from it, `platform.KubernetesPlatform`), then wakes its job's loop when the
     loop waits for it (`job_runtime.pod_wakes_job`): pods are seen running at once, not at the
     next poll."""

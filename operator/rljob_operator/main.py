@@ -33,6 +33,7 @@ from rljob_operator import handlers  # noqa: F401  (registers the kopf handlers)
 from rljob_operator import labels as L
 from rljob_operator.audit_stream import configure_audit
 from rljob_operator.auth import Authorizer
+from rljob_operator.child_versions import MAX_AGE_SECONDS, WATCHED_KINDS, ChildVersions
 from rljob_operator.controller_api import ControlServer, ops_app
 from rljob_operator.handlers import (
     OperatorContext,
@@ -45,11 +46,11 @@ from rljob_operator.kubeconn import ApiConnection, connect
 from rljob_operator.leader import LeaderElector
 from rljob_operator.leader_thread import ElectorThread
 from rljob_operator.lease_store import KubeLeaseStore
+from rljob_operator.list_watch import ListWatch
 from rljob_operator.logging import configure_logging
 from rljob_operator.metrics import Metrics
 from rljob_operator.platform import POD_RELIST_SECONDS, KubernetesPlatform
 from rljob_operator.pod_cache import EnginePodCache
-from rljob_operator.pod_watch import PodWatch
 from rljob_operator.registry import JobRegistry
 from rljob_operator.relist import Relister
 from rljob_operator.settings import OperatorSettings, load_settings
@@ -74,9 +75,9 @@ def controller_url(s: OperatorSettings) -> str:
 
 def engine_pod_watch(
     s: OperatorSettings, kube: KubeApi, ctx: OperatorContext, metrics: Metrics, namespace: str | None
-) -> PodWatch:
+) -> ListWatch:
     """The watch of one namespace's engine pods (None: the cluster's), into the shared cache."""
-    return PodWatch(
+    return ListWatch(
         kube,
         namespace,
         L.selector_string({L.ROLE: L.ROLE_ENGINE}),
@@ -88,6 +89,30 @@ def engine_pod_watch(
         count=metrics.count_pod_watch_event,
         count_restart=metrics.count_pod_watch_restart,
     )
+
+
+def children_watches(
+    s: OperatorSettings, kube: KubeApi, children: ChildVersions, namespace: str | None
+) -> list[ListWatch]:
+    """The watches of one namespace's children (None: the cluster's), one per watched kind, into
+    the versions the children resync skips its reads by (`child_versions`)."""
+    selector = L.selector_string({L.MANAGED_BY: L.MANAGER})
+    return [
+        ListWatch(
+            kube,
+            namespace,
+            selector,
+            functools.partial(children.record, kind),
+            functools.partial(children.resync, kind),
+            server_timeout=s.watch_server_timeout,
+            client_timeout=s.watch_client_timeout,
+            connect_timeout=s.watch_connect_timeout,
+            api_version=api_version,
+            kind=kind,
+            what=f"{kind} watch (children)",
+        )
+        for api_version, kind in WATCHED_KINDS
+    ]
 
 
 def make_platform_factory(
@@ -199,6 +224,7 @@ async def run_operator(s: OperatorSettings) -> int:
             log.info("leading: starting kopf", extra={"identity": s.identity})
             kopf_stop = asyncio.Event()
             pods = EnginePodCache()
+            children = ChildVersions((kind for _, kind in WATCHED_KINDS), MAX_AGE_SECONDS)
             # Engines are on private addresses (no ambient proxy); no connection limit: a hung
             # engine holds its connection for timeoutSeconds and must not queue other jobs' probes.
             engine_http = aiohttp.ClientSession(trust_env=False, connector=aiohttp.TCPConnector(limit=0))
@@ -211,6 +237,7 @@ async def run_operator(s: OperatorSettings) -> int:
                 make_platform=make_platform_factory(kube, pods, s.pod_relist_seconds),
                 controller_url=controller_url(s),
                 pods=pods,
+                children=children,
                 engine_http=engine_http,
                 events=events_kube,
             )
@@ -226,11 +253,14 @@ async def run_operator(s: OperatorSettings) -> int:
                 ),
                 name="kopf",
             )
-            # The engine pods' watch is ours (`pod_watch`), not kopf's: one per watched namespace.
+            # The engine pods' and the children's watches are ours (`list_watch`), not kopf's: one
+            # per watched namespace (and child kind).
             pod_stop = asyncio.Event()
             watched: list[str | None] = [None] if s.clusterwide else list(s.namespaces)
             pod_watches = [engine_pod_watch(s, kube, ctx, metrics, ns) for ns in watched]
             pod_tasks = [asyncio.create_task(w.run(pod_stop), name="pod-watch") for w in pod_watches]
+            pod_tasks += [asyncio.create_task(w.run(pod_stop), name="children-watch")
+                          for ns in watched for w in children_watches(s, kube, children, ns)]  # fmt: skip
             relister = Relister(kube, ctx.runtimes, watched,
                                 s.relist_seconds, acting=elector.is_leader, delivered=ctx.delivered)  # fmt: skip
             relist_stop = asyncio.Event()

@@ -269,7 +269,7 @@ class Metrics:
         self._pod_watch_counters: dict[str, Any] = {}
 
     def count_pod_watch_event(self, type_: str) -> None:
-        """One engine pod event (`pod_watch`): the labelled child is looked up once per type."""
+        """One engine pod event (`list_watch`): the labelled child is looked up once per type."""
         child = self._pod_watch_counters.get(type_)
         if child is None:
             child = self._pod_watch_counters[type_] = self.pod_watch_events.labels(type_)

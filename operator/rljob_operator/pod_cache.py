@@ -3,7 +3,7 @@
 Each pass of each job used to LIST its engine pods (a quorum read of the API server): at 100
 jobs resynced every 10 s, 10 LISTs a second at steady state, and the most CPU the operator
 spent per pass (the client's JSON decoding of eight pods; issue 13). The operator already
-watches engine pods (`pod_watch`, `handlers.engine_pod_event`) to wake a job when its pods
+watches engine pods (`list_watch`, `handlers.engine_pod_event`) to wake a job when its pods
 move; this keeps what that watch delivers, so a job's pass reads its pods from memory.
 
 A watch can lag: an event still on its way leaves this view older than the API server's.

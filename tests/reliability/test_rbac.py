@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 import yaml
 from rljob_operator import auth, kinds
+from rljob_operator.child_versions import WATCHED_KINDS
 from rljob_operator.kinds import PLURALS
 from rljob_operator.kubeapi import APPLY_PATCH, KubeApi
 from rljob_operator.kubeconn import Response
@@ -53,6 +54,11 @@ KOPF_CALLS: set[Triple] = {
     ("apiextensions.k8s.io", "customresourcedefinitions", "list"),  # resource observer
     ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
 }
+# The operator's own watches of its children's versions (`main.children_watches`): a LIST, then a
+# WATCH of each kind in `child_versions.WATCHED_KINDS`.
+CHILDREN_WATCH_CALLS: set[Triple] = {
+    (api_version.rpartition("/")[0], PLURALS[kind], verb) for api_version, kind in WATCHED_KINDS for verb in ("list", "watch")
+}  # fmt: skip
 CLUSTER_SCOPED = {
     "tokenreviews", "subjectaccessreviews", "customresourcedefinitions", "namespaces",
     "priorityclasses", "workloadpriorityclasses", "resourceflavors",  # Kueue priority and flavors
@@ -226,7 +232,7 @@ def granted(docs: list[dict[str, Any]], subject: dict[str, str]) -> dict[tuple[s
 
 @pytest.fixture(scope="module")
 async def needed() -> set[Triple]:
-    return await operator_calls() | KOPF_CALLS
+    return await operator_calls() | KOPF_CALLS | CHILDREN_WATCH_CALLS
 
 
 def test_every_kind_the_operator_writes_has_its_resource_named() -> None:

@@ -15,6 +15,7 @@ from kopf._cogs.clients import watching as kopf_watching
 from kopf._cogs.structs.references import Resource
 from rljob_operator import handlers, main
 from rljob_operator import labels as L
+from rljob_operator.child_versions import WATCHED_KINDS, ChildVersions
 from rljob_operator.delivered import Delivered
 from rljob_operator.kinds import GROUP, PLURAL, VERSION
 from rljob_operator.kubeapi import load_api_client
@@ -119,7 +120,7 @@ def test_kopf_diff_base_is_built_without_copying_status_or_managed_fields_and_is
 
 def test_kopf_watches_rljobs_only_and_the_engine_pod_watch_asks_for_engine_pods() -> None:
     """kopf opens a watch for every resource one of its handlers selects: pods are watched by
-    the operator's own `pod_watch` (kopf's per-event machinery was 30 % of the event loop's busy
+    the operator's own `list_watch` (kopf's per-event machinery was 30 % of the event loop's busy
     time in an N=300 ramp), whose LIST and WATCH carry the engine label selector, so the API
     server sends engine pods only."""
     registry = kopf.get_default_registry()
@@ -131,6 +132,29 @@ def test_kopf_watches_rljobs_only_and_the_engine_pod_watch_asks_for_engine_pods(
     s = load_settings(["--namespace", "rl", "--namespace", "rl2", "--kubeconfig", "/dev/null"])
     watch = main.engine_pod_watch(s, cast(Any, Kube()), cast(Any, Memo()), Metrics(), "rl2")
     assert (watch.namespace, watch.selector, watch.path) == ("rl2", f"{L.ROLE}={L.ROLE_ENGINE}", "/api/v1/namespaces/rl2/pods")
+
+
+def test_the_children_watches_ask_for_the_operators_objects_of_each_watched_kind_into_one_store() -> None:
+    """The children resync skips its read of a child whose version did not move (`child_versions`):
+    one LIST+WATCH per kind and namespace, of the objects labelled as the operator's, each event
+    filed under its kind (list items carry no kind of their own)."""
+    s = load_settings(["--namespace", "rl", "--kubeconfig", "/dev/null"])
+    children = ChildVersions((kind for _, kind in WATCHED_KINDS), 300.0)
+    watches = main.children_watches(s, cast(Any, Kube()), children, "rl")
+    assert [w.path for w in watches] == [
+        "/api/v1/namespaces/rl/services",
+        "/apis/networking.k8s.io/v1/namespaces/rl/networkpolicies",
+        "/apis/apps/v1/namespaces/rl/deployments",
+        "/apis/batch/v1/namespaces/rl/jobs",
+    ]
+    assert {w.selector for w in watches} == {f"{L.MANAGED_BY}={L.MANAGER}"}
+    listed = {"metadata": {"name": "j-engines", "namespace": "rl", "resourceVersion": "5"}}
+    watches[0].on_event(None, listed)
+    desired = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "j-engines", "namespace": "rl"}}
+    children.verified(desired, 1, listed, now=0.0)
+    assert children.unchanged(desired, 1, now=1.0)
+    watches[0].on_listed("rl", [], 6)  # a new LIST without it: gone
+    assert not children.unchanged(desired, 1, now=1.0)
 
 
 async def test_kopf_is_handed_every_rljob_body_without_managed_fields(monkeypatch: pytest.MonkeyPatch) -> None:

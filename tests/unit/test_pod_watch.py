@@ -1,4 +1,4 @@
-"""The operator's own engine-pod watch (`pod_watch`): the LIST pages, the watch from the list's
+"""The operator's own engine-pod watch (`list_watch`): the LIST pages, the watch from the list's
 version, bookmarks, `410 Gone` and a stalled stream, against an HTTP server on loopback that
 answers as the API server does; and the cache's view after a re-list.
 
@@ -20,8 +20,8 @@ from aiohttp import web
 from rljob_operator import labels as L
 from rljob_operator.kubeapi import KubeApi, KubeApiError
 from rljob_operator.kubeconn import ApiConnection
+from rljob_operator.list_watch import Gone, ListWatch, decode, split_lines
 from rljob_operator.pod_cache import EnginePodCache
-from rljob_operator.pod_watch import Gone, PodWatch, decode, split_lines
 
 SELECTOR = f"{L.ROLE}={L.ROLE_ENGINE}"
 
@@ -153,7 +153,7 @@ async def _lists_in_pages_resumes_and_lists_again_after_410(api: StandInApiServe
         cache.record(type_, body)
         woken.append((type_, body["metadata"]["name"]))
 
-    watch = PodWatch(kube, "rl", SELECTOR, on_event, cache.resync, server_timeout=5, client_timeout=30,
+    watch = ListWatch(kube, "rl", SELECTOR, on_event, cache.resync, server_timeout=5, client_timeout=30,
                      connect_timeout=5, count=lambda t: events.update([t]), count_restart=lambda r: restarts.update([r]))  # fmt: skip
 
     stop = asyncio.Event()
@@ -184,7 +184,7 @@ async def _stalled_watch_given_up_and_resumed(api: StandInApiServer, url: str) -
     api.watches = ["stall", [line("ADDED", pod("p9", 40))]]
     kube = KubeApi(ApiConnection(kopf.ConnectionInfo(server=url, token="t0k3n")), threads=1)
     cache, restarts = EnginePodCache(), Counter[str]()
-    watch = PodWatch(kube, "rl", SELECTOR, cache.record, cache.resync, server_timeout=60, client_timeout=0.5,
+    watch = ListWatch(kube, "rl", SELECTOR, cache.record, cache.resync, server_timeout=60, client_timeout=0.5,
                      connect_timeout=5, count_restart=lambda r: restarts.update([r]))  # fmt: skip
     stop = asyncio.Event()
     task = asyncio.create_task(watch.run(stop))
@@ -210,7 +210,7 @@ async def test_an_event_that_breaks_its_handler_does_not_end_the_watch() -> None
                 raise KeyError("a bug in the handler")
             cache.record(type_, body)
 
-        watch = PodWatch(kube, "rl", SELECTOR, on_event, cache.resync, server_timeout=60, client_timeout=30,
+        watch = ListWatch(kube, "rl", SELECTOR, on_event, cache.resync, server_timeout=60, client_timeout=30,
                          connect_timeout=5, count_restart=lambda r: restarts.update([r]))  # fmt: skip
         stop = asyncio.Event()
         task = asyncio.create_task(watch.run(stop))

@@ -12,8 +12,12 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from controller_runtime.clock import Clock
+from rljob_operator.child_versions import ChildVersions
 from rljob_operator.event_recorder import EventRecorder, EventSink
 from rljob_operator.kinds import API_VERSION, KIND
+
+# How often a job's children are checked against what was applied (`--children-resync`).
+CHILDREN_RESYNC_SECONDS = 30.0
 
 
 class JobKube(EventSink, Protocol):
@@ -59,6 +63,8 @@ class JobContext:
     recorder: EventRecorder
     clock: Clock
     resync_seconds: float
+    children: ChildVersions | None = None  # the children's versions as watched; None: the resync reads each
+    children_resync_seconds: float = CHILDREN_RESYNC_SECONDS
 
     @property
     def key(self) -> str:

@@ -29,11 +29,12 @@ from controller_runtime.controller import InferenceController
 from controller_runtime.events import Reason
 from controller_runtime.ports import EngineClientFactory, Platform
 from rljob_operator.api_pool import in_pass
+from rljob_operator.child_versions import ChildVersions
 from rljob_operator.event_recorder import EventRecorder, EventSink
 from rljob_operator.metrics import Metrics
 from rljob_operator.pod_cache import object_version
 from rljob_operator.reconcile import children, lifecycle, queueing
-from rljob_operator.reconcile.context import JobContext, JobKube, involved_object
+from rljob_operator.reconcile.context import CHILDREN_RESYNC_SECONDS, JobContext, JobKube, involved_object
 from rljob_operator.reconcile.delete import release_job
 from rljob_operator.reconcile.engines import WAITS_ON_PODS, EngineFleet, ensure_engines, wants_a_pass
 from rljob_operator.reconcile.flow import Step, StepResult, run_steps
@@ -109,6 +110,8 @@ class JobRuntime:
         acting: Callable[[], bool] = lambda: True,
         session: aiohttp.ClientSession | None = None,
         events: EventSink | None = None,
+        child_versions: ChildVersions | None = None,
+        children_resync_seconds: float = CHILDREN_RESYNC_SECONDS,
     ) -> None:
         meta = body.get("metadata") or {}
         self.watched = body  # kopf's live view: spec/metadata change under us as the watch sees them
@@ -123,7 +126,8 @@ class JobRuntime:
         clock = clock or RealClock()
         uid = meta.get("uid", "")
         recorder = EventRecorder(events or kube, involved_object(self.namespace, self.name, uid), clock)
-        self.job = JobContext(self.namespace, self.name, uid, kube, recorder, clock, resync_seconds)
+        self.job = JobContext(self.namespace, self.name, uid, kube, recorder, clock, resync_seconds,
+                              child_versions, children_resync_seconds)  # fmt: skip
         self.fleet = EngineFleet(
             job=self.job, platform=platform, registry=registry, metrics=metrics, handle=self, wake=self.poke,
             engines=engines, generation=self.generation, session=session,

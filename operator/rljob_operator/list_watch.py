@@ -1,5 +1,6 @@
-"""The engine-pod watch, our own: LIST, then WATCH from the list's resourceVersion, each event
-straight into the pod cache and a poke of its job.
+"""The operator's own watches: LIST, then WATCH from the list's resourceVersion, each event
+straight into a cache. The engine pods' (into the pod cache, with a poke of the pod's job) and
+the children's (their versions only, `child_versions`).
 
 Why not kopf's watch, as before: kopf runs every event of every watched object through its
 whole handling machinery (a worker task and a queue per object, a memory of each object, the
@@ -42,8 +43,8 @@ log = logging.getLogger(__name__)
 LIST_PAGE = 500  # pods per LIST page (client-go's reflector pages by 500 too)
 BACKOFF_FIRST, BACKOFF_CAP = 0.5, 30.0
 
-EventSink = Callable[[str | None, dict[str, Any]], None]  # (None for a listed pod | ADDED | ..., pod)
-ListSink = Callable[[str | None, list[dict[str, Any]], int | None], None]  # (namespace, pods, version)
+EventSink = Callable[[str | None, dict[str, Any]], None]  # (None for a listed object | ADDED | ..., object)
+ListSink = Callable[[str | None, list[dict[str, Any]], int | None], None]  # (namespace, objects, version)
 Counter = Callable[[str], None]  # a label value: an event type, or why the watch restarted
 
 
@@ -79,7 +80,7 @@ def decode(line: bytes) -> Line:
         code = int(obj.get("code") or 0)
         if code == 410:
             raise Gone(str(obj.get("message") or "410 Gone"))
-        raise KubeApiError("pod watch", code, str(obj.get("reason") or ""), json.dumps(obj))
+        raise KubeApiError("watch", code, str(obj.get("reason") or ""), json.dumps(obj))
     return Line(kind, obj)
 
 
@@ -97,12 +98,13 @@ class Backoff:
         self._next = self.first
 
 
-class PodWatch:
-    """One namespace's (or, `namespace=None`, the cluster's) pods of `selector`, kept current.
+class ListWatch:
+    """One namespace's (or, `namespace=None`, the cluster's) objects of `kind` and `selector`
+    (pods unless told), kept current.
 
-    `on_event` gets every pod listed (type None) and every watch event (ADDED, MODIFIED,
-    DELETED); `on_listed` gets each complete LIST with its resourceVersion, after its pods went
-    to `on_event`, to drop what the list lacks. `count` is told each event type and each
+    `on_event` gets every object listed (type None) and every watch event (ADDED, MODIFIED,
+    DELETED); `on_listed` gets each complete LIST with its resourceVersion, after its objects
+    went to `on_event`, to drop what the list lacks. `count` is told each event type and each
     restart's reason (metrics)."""
 
     def __init__(
@@ -118,8 +120,11 @@ class PodWatch:
         connect_timeout: float,
         count: Counter | None = None,
         count_restart: Counter | None = None,
+        api_version: str = "v1",
+        kind: str = "Pod",
+        what: str = "engine pod watch",  # in its log lines
     ) -> None:
-        self.kube, self.namespace, self.selector = kube, namespace, selector
+        self.kube, self.namespace, self.selector, self.what = kube, namespace, selector, what
         self.on_event, self.on_listed = on_event, on_listed
         self.server_timeout, self.client_timeout, self.connect_timeout = (
             server_timeout,
@@ -129,11 +134,11 @@ class PodWatch:
         self._count = count or (lambda _: None)
         self._count_restart = count_restart or (lambda _: None)
         self.version: str | None = None  # where the next watch starts; None: list first
-        self.path = resource_path("v1", "Pod", namespace)
+        self.path = resource_path(api_version, kind, namespace)
 
     async def list(self) -> None:
-        """Every pod of the selector, page by page, then the list's version to watch from."""
-        pods: list[dict[str, Any]] = []
+        """Every object of the selector, page by page, then the list's version to watch from."""
+        objs: list[dict[str, Any]] = []
         cont, version = "", None
         while True:
             query = [("labelSelector", self.selector), ("limit", str(LIST_PAGE))]
@@ -142,14 +147,14 @@ class PodWatch:
             page = await self.kube.call("GET", self.path, query) or {}
             meta = page.get("metadata") or {}
             version = version or meta.get("resourceVersion")
-            for pod in page.get("items") or []:
-                self.on_event(None, pod)
+            for obj in page.get("items") or []:
+                self.on_event(None, obj)
                 self._count("LISTED")
-                pods.append(pod)
+                objs.append(obj)
             cont = str(meta.get("continue") or "")
             if not cont:
                 break
-        self.on_listed(self.namespace, pods, list_version({"metadata": {"resourceVersion": version}}))
+        self.on_listed(self.namespace, objs, list_version({"metadata": {"resourceVersion": version}}))
         self.version = version
 
     async def watch(self, session: aiohttp.ClientSession, ssl_context: ssl.SSLContext | bool) -> None:
@@ -205,7 +210,7 @@ class PodWatch:
                         self._count_restart("ended")  # the server's timeoutSeconds: resume at once
                     continue
                 except Gone as e:
-                    log.info("engine pod watch: %s; listing again", e, extra={"namespace": self.namespace})
+                    log.info("%s: %s; listing again", self.what, e, extra={"namespace": self.namespace})
                     self.version = None
                     self._count_restart("gone")
                     continue
@@ -213,10 +218,10 @@ class PodWatch:
                     reason = "timeout"
                 except (KubeApiError, aiohttp.ClientError, OSError, ValueError) as e:
                     reason = "error"
-                    log.warning("engine pod watch failed: %s", e, extra={"namespace": self.namespace})
+                    log.warning("%s failed: %s", self.what, e, extra={"namespace": self.namespace})
                 except Exception:  # a bug in handling one event must not end the watch for good
                     reason = "error"
-                    log.exception("engine pod watch failed", extra={"namespace": self.namespace})
+                    log.exception("%s failed", self.what, extra={"namespace": self.namespace})
                 self._count_restart(reason)
                 delay = backoff.next()
                 try:
