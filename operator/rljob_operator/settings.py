@@ -47,7 +47,7 @@ class OperatorSettings(BaseModel):
     controller_url: str = Field("", description="URL executor and trainer pods use to reach the controller API; defaults to http://rljob-operator.<ns>.svc:<port>.")
     resync_seconds: float = Field(10.0, gt=0, description="Upper bound between two reconcile passes of one job.")
     relist_seconds: float = Field(30.0, gt=0, description="How often one LIST of RLJobs makes up for watch events kopf lost (a new job, a spec edit, a deletion).")
-    children_resync_seconds: float = Field(30.0, gt=0, description="How often each job checks that its children (Services, NetworkPolicies, executor, trainer Job) still hold what was applied, and repairs them; a child whose watched version has not moved since it was last seen holding it is not read again (at most every 300 s).")
+    children_resync_seconds: float = Field(30.0, gt=0, description="How often each job checks that its children (Services, NetworkPolicies, executor, trainer Job) still hold what was applied, and repairs them; a child whose watched version has not moved since it was last seen holding it is not read again (read at least every 30 min).")
     pod_relist_seconds: float = Field(300.0, ge=0, description="Each job reads its engine pods from the operator's pod watch, and checks them against a quorum LIST at least this often (0: a LIST every pass).")
     watch_server_timeout: float = Field(300.0, gt=0, description="Server-side watch timeout: re-list at least this often (kopf settings.watching.server_timeout).")
     watch_client_timeout: float = Field(330.0, gt=0, description="Client-side bound of one watch request; catches a stalled TCP stream.")
