@@ -202,9 +202,19 @@ class PriorityPool:
                 continue  # its caller gave up (a pass that timed out): never sent
             if self._on_wait is not None:
                 self._on_wait(work.rank, time.perf_counter() - work.queued_at)
-            try:
-                result = work.fn()
-            except BaseException as e:
-                work.future.set_exception(e)
-            else:
-                work.future.set_result(result)
+            _run(work)
+            # An idle thread waits for the next call with this frame alive: kept, `work` (its
+            # future holds the answer) pinned each thread's last answer until its next call. At
+            # rest that was the relist's LIST of every RLJob, on up to every thread of the pool
+            # (+10-18 MiB at 1,000 jobs once the drift reads stopped keeping the threads busy).
+            del work
+
+
+def _run(work: _Work) -> None:
+    """Call `work.fn` and hand its answer or error to the caller's future."""
+    try:
+        result = work.fn()
+    except BaseException as e:
+        work.future.set_exception(e)
+    else:
+        work.future.set_result(result)
