@@ -290,15 +290,23 @@ class InferenceController:
                 self.fleet.record("cell_deleted", name, generation=cell.generation)
                 self.fleet.emit(Reason.CellDeleted, f"scaled down to {self.spec.replicas} cells ({evals} eval)", name)
 
-    async def _create(self, cell: Cell) -> None:
+    async def _create(self, cell: Cell, *, whole: bool = True) -> None:
+        """Create the cell's pods: all of them (`whole`), or those a refused create left missing.
+
+        A cell that will serve the weights it starts with is created serving where the platform
+        admits it only once its engine answers: no label write when it comes up. The pods of a
+        partial create join ones made earlier, whose label may be another (a window opened in
+        between): the label is then unknown and the next sync writes what the cell wants."""
+        admit = self.platform.admits_when_ready and self._may_serve_initial_weights(cell)
         request = CellRequest(name=cell.name, index=cell.index, generation=cell.generation,
                               pods=self.spec.pods_per_cell, labels=dict(self.labels),
-                              role=self.fleet.role_of(cell.name))
+                              role=self.fleet.role_of(cell.name), serving=admit)
         self.fleet.label_unknown(cell.name)
         if cell.created_time is None:  # the first attempt: a refused create still runs the deadlines
             cell.created_time = self.clock.now()
         await self.platform.create_cell(request)
-        self.fleet.label_created(cell.name)
+        if whole:
+            self.fleet.label_created(cell.name, admit)
 
     async def _reconcile_cell(self, cell: Cell, obs: CellObservation | None, window_open: bool) -> None:
         if cell.state is S.Failed:
@@ -352,7 +360,7 @@ class InferenceController:
                 self._mark_unhealthy(cell, f"pods still missing after {deadline:g} s: " + obs.failures(),
                                      reason=Reason.StartupDeadlineExceeded)
                 return
-            await self._create(cell)
+            await self._create(cell, whole=False)
             return
         if obs.any_failed or obs.restarts > cell.pod_restarts:
             cell.pod_restarts = obs.restarts
@@ -661,6 +669,9 @@ class InferenceController:
             now = self.clock.now()
             lock = self.lock.acquire(holder, snapshot, now)
             self.health.pause(PAUSE_WINDOW)
+            # Cells created serving that still start would join with the initial weights once up,
+            # after the window has replaced them: out before the window is answered.
+            await self.fleet.sync_serving_all(self.fleet.revoke_admissions())
             if self.spec.weight_update.check_weights:
                 try:
                     lock.checksums = await collect_checksums(self._participant_clients(lock), self.clock,

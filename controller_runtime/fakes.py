@@ -27,8 +27,9 @@ class FakeCell:
 class FakePlatform:
     """A platform whose cells exist the moment they are created (pods Running unless told otherwise)."""
 
-    def __init__(self, *, start_running: bool = True) -> None:
+    def __init__(self, *, start_running: bool = True, admits_when_ready: bool = False) -> None:
         self.start_running = start_running
+        self.admits_when_ready = admits_when_ready
         self.cells: dict[str, FakeCell] = {}
         self.created: list[CellRequest] = []
         self.deleted: list[str] = []
@@ -55,7 +56,7 @@ class FakePlatform:
             pods = [PodObservation(f"{request.name}-g{request.generation}-{i}", phase) for i in range(request.pods)]
             endpoint = self.endpoint_of(request.name, request.generation) if self.start_running else None
             existing = self.cells[request.name] = FakeCell(request, pods, endpoint)
-            self.serving[request.name] = False  # new pods are created not serving (the port's contract)
+            self.serving[request.name] = request.serving  # as asked; not serving by default (the port's contract)
         refused = [i for i in self.refuse_pods if i < len(existing.pods)]
         existing.pods = [
             PodObservation(p.name, "Unknown", message="pod missing", missing=True) if i in refused

@@ -71,6 +71,9 @@ class Fleet:
         self.mutex = asyncio.Lock()
         self._clients: dict[str, EngineClient] = {}
         self._serving_label: dict[str, bool] = {}  # last label the platform accepted (or is being sent)
+        # Cells created serving (`admit`): labelled serving while they start, until they serve or a
+        # window takes them out.
+        self._admitted: set[str] = set()
         self._label_writes: dict[str, asyncio.Task[None]] = {}  # a cell's label write in flight
 
     # == membership ===========================================================================
@@ -96,6 +99,7 @@ class Fleet:
     def remove(self, name: str) -> Cell | None:
         """Forget a deleted cell (its client is the caller's to drop: that awaits)."""
         self._serving_label.pop(name, None)
+        self._admitted.discard(name)
         return self.cells.pop(name, None) or self.eval_cells.pop(name, None)
 
     def ensure_cells(self, role: CellRole, replicas: int, now: float) -> None:
@@ -172,20 +176,41 @@ class Fleet:
     def serving_endpoints(self) -> list[str]:
         return [c.endpoint for c in self.policy() if self.should_serve(c) and c.endpoint]
 
+    def wants_label(self, cell: Cell) -> bool:
+        """The serving label the cell's pods should carry: in the serving set, or created in it
+        (`label_created(admit=True)`) and still starting, for the platform to admit when ready."""
+        if self.should_serve(cell):
+            return True
+        return cell.name in self._admitted and cell.state in (S.Pending, S.Starting)
+
     def label_unknown(self, name: str) -> None:
         """New pods: their serving label is unknown until the next sync sets it."""
         self._serving_label.pop(name, None)
+        self._admitted.discard(name)
+
+    def revoke_admissions(self) -> list[Cell]:
+        """Starting cells created serving that must leave the serving set before they join it (a
+        weight-update window opens: they hold the initial weights, which the window replaces);
+        the caller syncs their labels."""
+        revoked = [c for n in sorted(self._admitted) if (c := self.get(n)) is not None and not self.should_serve(c)]
+        self._admitted.clear()
+        return revoked
 
     async def sync_serving_all(self, cells: Iterable[Cell]) -> None:
         """`sync_serving` of many cells at once: each is an API round trip or two on Kubernetes, and
         16 cells one after another made an offload of 16 engines cost half a second more."""
         await asyncio.gather(*(self.sync_serving(c) for c in cells))
 
-    def label_created(self, name: str) -> None:
-        """A cell's pods were just created, and a platform creates them not serving: the first
-        sync has nothing to write. (It wrote `false` onto every new pod, a list and a patch per
-        pod, one cell after another: at 10 jobs, 10 s of a 33 s ramp, issue 13.)"""
-        self._serving_label[name] = False
+    def label_created(self, name: str, admit: bool = False) -> None:
+        """Every pod of a cell was just created with the serving label `admit` (not serving unless
+        asked): the first sync has nothing to write. (It wrote `false` onto every new pod, a list
+        and a patch per pod, one cell after another: at 10 jobs, 10 s of a 33 s ramp, issue 13.)
+        An admitted cell keeps its label while it starts and when it comes to serve: no write."""
+        self._serving_label[name] = admit
+        if admit:
+            self._admitted.add(name)
+        else:
+            self._admitted.discard(name)
 
     async def sync_serving(self, cell: Cell) -> None:
         """Make the platform's serving label match the cell; a failure is retried by the next pass."""
@@ -202,7 +227,7 @@ class Fleet:
         running = self._label_writes.get(cell.name)
         if running is not None:
             return running
-        want = self.should_serve(cell)
+        want = self.wants_label(cell)
         if self._serving_label.get(cell.name) == want:
             return None
         self._serving_label[cell.name] = want
@@ -226,7 +251,7 @@ class Fleet:
                 cell = self.get(name)
                 if cell is None:
                     return
-                want, generation = self.should_serve(cell), cell.generation
+                want, generation = self.wants_label(cell), cell.generation
                 if self._serving_label.get(name) == want:
                     return
                 self._serving_label[name] = want

@@ -85,6 +85,8 @@ class CellRequest:
     Plain facts only: how a platform marks its objects (Kubernetes labels, process names) is
     the platform's business, so the operator's manifests turn these fields into labels.
     `labels` are extra ones the controller's owner asked for, passed through unchanged.
+    `serving` asks for the cell to be created in the serving set, to join it once its engine is
+    ready; the controller asks it only of a platform whose `admits_when_ready` is true.
     """
 
     name: str
@@ -93,12 +95,22 @@ class CellRequest:
     pods: int = 1
     labels: dict[str, str] = field(default_factory=dict)
     role: CellRole = CellRole.policy
+    serving: bool = False
 
 
 class Platform(Protocol):
+    # True where the serving set only ever holds cells whose engine answers, whatever they are
+    # marked (Kubernetes: the `-engines` Service lists Ready pods only, and the head pod's
+    # readinessProbe is the engine's health): a cell that will serve the weights it starts with
+    # can then be created serving, and no `set_serving` is needed when it comes up (one pod
+    # label PATCH per cell of every new job, issue 13). False where marking a cell is all it
+    # takes for traffic to reach it (local processes).
+    admits_when_ready: bool
+
     async def create_cell(self, request: CellRequest) -> None:
-        """Create every pod of the cell, not serving (no `set_serving` is needed to keep a new cell
-        out of the serving set). Idempotent: names are deterministic from (name, generation)."""
+        """Create every pod of the cell, serving as `request.serving` says and not serving otherwise
+        (no `set_serving` is needed to keep a new cell out of the serving set). Idempotent: names
+        are deterministic from (name, generation)."""
         ...
 
     async def delete_cell(self, name: str) -> None:

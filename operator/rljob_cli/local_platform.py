@@ -74,6 +74,9 @@ def observe_process(name: str, returncode: int | None, log_path: Path | None = N
 class LocalPlatform:
     """Implements controller_runtime.ports.Platform with local processes."""
 
+    # `serving_endpoints` hands the marked processes to the executor as they are, up or not.
+    admits_when_ready = False
+
     def __init__(self, launcher: EngineLauncher, *, on_spawn: Callable[[str, int | None], None] | None = None,
                  stop_timeout: float = 15.0) -> None:
         self.launcher = launcher

@@ -124,6 +124,10 @@ class KubernetesPlatform:
     the LISTs). A steady job reads its pods from memory: no LIST per pass (issue 13).
     """
 
+    # The `-engines` Service lists Ready pods only, and a cell's head is Ready once its engine
+    # answers `/health` (its readinessProbe): a head created serving joins when it is up.
+    admits_when_ready = True
+
     def __init__(
         self,
         kube: KubeApi,
@@ -148,8 +152,9 @@ class KubernetesPlatform:
         self.last_leftovers: tuple[str, ...] = ()
         # Each cell's live head pod (the serving label's only carrier) as the last observe_cells saw
         # it, so that set_serving patches it without a list of its own (an offload relabels every
-        # cell at once: one list per cell made it an API round trip more per cell). A cell is labelled serving only after a pass observed
-        # its pods running, so a cell's entry is never older than the pods it must label.
+        # cell at once: one list per cell made it an API round trip more per cell). Creating a
+        # cell drops its entry, so a label written before a pass observed the new pods (a window
+        # that takes a starting cell out) lists them instead of patching the old ones.
         self._live_heads: dict[str, tuple[str, ...]] = {}
         self._list_version = 0  # the newest pod LIST seen: an older answer is refused
 

@@ -168,6 +168,21 @@ def test_unchanged_children_are_not_read_and_a_deleted_or_edited_child_is_repair
     assert (reads["services"].matched, reads["networkpolicies"].matched) == (2, 1)
 
 
+def test_a_new_jobs_cells_join_serving_without_a_label_write(cluster, namespace, proxy, operators):
+    """Each cell head of a new job was created `serving=false` and PATCHed `true` once its engine
+    answered: 4,000 pod PATCHes in a ramp of 1,000 jobs (issue 13). The heads are created serving
+    now (the `-engines` Service lists them once their readinessProbe passes); the proxy counts the
+    operator's pod PATCHes from before the job exists until it serves."""
+    kube = Kube(cluster, namespace)
+    patches = proxy.add(Fault("delay", "PATCH", "pods", times=0, seconds=0.0))
+    operators()
+    kube.apply(make_rljob("fresh", replicas=2))
+    wait_for(lambda: converged(kube, "fresh", 2), 120, what="2/2")
+    heads = {p["metadata"]["name"]: p["metadata"]["labels"].get("rljob.io/serving") for p in kube.engine_pods("fresh")}
+    assert heads == {"fresh-cell-0-g0-0": "true", "fresh-cell-1-g0-0": "true"}
+    assert patches.matched == 0
+
+
 def test_a_410_gone_and_a_stalled_watch_are_survived(cluster, namespace, proxy, operators):
     kube = Kube(cluster, namespace)
     gone = proxy.add(Fault("gone", "GET", "rljobs", watch=True, times=1))

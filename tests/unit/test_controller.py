@@ -218,6 +218,61 @@ async def test_recreated_cell_waits_for_weights_even_with_serve_initial_weights(
     assert h.platform.serving["demo-cell-0"] is False
 
 
+async def test_fresh_cells_are_created_serving_where_the_platform_admits_them_when_ready() -> None:
+    """Where the platform admits a cell only once its engine answers (Kubernetes: the Service
+    lists Ready pods), a generation-0 cell that will serve the initial weights is created
+    serving: no label write when it comes up (it was one pod PATCH per cell of every new job,
+    4,000 of them in a ramp of 1,000 jobs, issue 13). A recreated cell is created not serving
+    and labelled when a window brings it in."""
+    h = harness(2, serve_initial_weights=True, platform=FakePlatform(admits_when_ready=True))
+    await bring_up(h)
+    assert h.states() == [S.Serving, S.Serving]
+    assert [(r.name, r.serving) for r in h.platform.created] == [("demo-cell-0", True), ("demo-cell-1", True)]
+    assert h.platform.serving == {"demo-cell-0": True, "demo-cell-1": True}
+    assert h.platform.serving_calls == []
+    h.platform.fail_pod("demo-cell-1")
+    await h.ctrl.reconcile()
+    assert h.platform.serving_calls == [("demo-cell-1", False)]
+    await h.clock.advance(5)
+    await bring_up(h)
+    assert (h.cell(1).generation, h.cell(1).state, h.platform.created[-1].serving) == (1, S.PendingWeights, False)
+    window = await h.ctrl.start_update_weights("trainer")
+    await h.ctrl.end_update_weights(window.snapshot, "1")
+    assert h.platform.serving_calls == [("demo-cell-1", False), ("demo-cell-1", True)]
+    assert h.platform.serving == {"demo-cell-0": True, "demo-cell-1": True}
+
+
+async def test_a_platform_that_serves_whatever_is_marked_gets_cells_created_not_serving() -> None:
+    """A local process is served as soon as it is marked: such a platform never gets a cell
+    created serving, and the cell is labelled once its engine answers, as before."""
+    h = harness(1, serve_initial_weights=True, platform=FakePlatform(admits_when_ready=False))
+    await bring_up(h)
+    assert (h.states(), h.platform.created[0].serving) == ([S.Serving], False)
+    assert h.platform.serving_calls == [("demo-cell-0", True)]
+
+
+async def test_a_window_takes_a_starting_cell_created_serving_out_before_it_is_answered() -> None:
+    """A cell created serving that still starts when a window opens would join the serving set
+    with the initial weights once its engine answers, after the window replaced them: its label
+    is written `false` before `start_update_weights` answers, and the cell waits for the next
+    update like any late cell."""
+    h = harness(2, serve_initial_weights=True, platform=FakePlatform(admits_when_ready=True))
+    late = h.engines(FakePlatform.endpoint_of("demo-cell-1", 0))
+    late.healthy = False
+    await bring_up(h)
+    assert h.states() == [S.Serving, S.Starting]
+    assert h.platform.serving == {"demo-cell-0": True, "demo-cell-1": True} and h.platform.serving_calls == []
+    window = await h.ctrl.start_update_weights("trainer")
+    assert window.snapshot == {"demo-cell-0": 0}
+    assert h.platform.serving_calls == [("demo-cell-1", False)]
+    await h.ctrl.end_update_weights(window.snapshot, "1")
+    late.healthy = True
+    await with_clock(h.clock, settle(h.ctrl, passes=3))
+    assert h.states() == [S.Serving, S.PendingWeights]
+    assert h.platform.serving == {"demo-cell-0": True, "demo-cell-1": False}
+    assert h.platform.serving_calls == [("demo-cell-1", False)]
+
+
 async def test_scale_up_after_an_update_waits_for_the_next_one() -> None:
     h = harness(1, serve_initial_weights=True)
     await serve(h, "1")

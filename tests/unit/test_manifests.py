@@ -129,6 +129,19 @@ def test_engine_pods_are_labelled_for_cell_generation_and_role() -> None:
     assert meta["annotations"][L.CELL_NAME_ANNOTATION] == "llama-8b-cell-2"
 
 
+def test_a_cell_created_serving_has_its_head_labelled_and_gated_by_readiness() -> None:
+    """A cell created serving (`CellRequest.serving`) joins the `-engines` Service without a label
+    write: only its head carries the label, and only its head's readinessProbe (the engine's
+    /health) keeps it out of the Service's endpoints until the engine answers."""
+    j = job("multinode-vllm")
+    head, worker = engine_pods(j, CellRequest(name="llama-70b-cell-0", index=0, generation=0, serving=True))
+    assert head["metadata"]["labels"][L.SERVING] == "true"
+    assert L.SERVING not in worker["metadata"]["labels"]
+    probe = head["spec"]["containers"][0]["readinessProbe"]
+    assert probe["httpGet"] == {"path": "/health", "port": "http"}
+    assert all(head["metadata"]["labels"].get(k) == v for k, v in engines_service(j)["spec"]["selector"].items())
+
+
 def test_user_labels_cannot_override_operator_labels() -> None:
     j = job("cpu-process")
     j["spec"]["inference"]["podMetadata"]["labels"][L.ROLE] = "hijack"

@@ -203,8 +203,9 @@ def engine_pod(job: JobView, cell: CellRequest, pod_index: int) -> dict[str, Any
         L.CELL_INDEX: str(cell.index),
         L.GENERATION: str(cell.generation),
         L.POD_INDEX: str(pod_index),
-        # the head's alone (`labels.serving_selector`): one label write per cell, not per pod
-        **({L.SERVING: "false"} if pod_index == 0 else {}),
+        # the head's alone (`labels.serving_selector`): one label write per cell, not per pod; a
+        # head created serving joins the `-engines` Service when its readinessProbe passes
+        **({L.SERVING: "true" if cell.serving else "false"} if pod_index == 0 else {}),
     }
     annotations = {**inf.pod_metadata.annotations, L.CELL_NAME_ANNOTATION: cell.name}
     vols, mounts = volumes(
