@@ -198,15 +198,16 @@ class PriorityPool:
                 if not self._queue:
                     return
                 work = self._queue.pop()
-            if not work.future.set_running_or_notify_cancel():
-                continue  # its caller gave up (a pass that timed out): never sent
-            if self._on_wait is not None:
-                self._on_wait(work.rank, time.perf_counter() - work.queued_at)
-            _run(work)
+            # else its caller gave up (a pass that timed out): never sent
+            if work.future.set_running_or_notify_cancel():
+                if self._on_wait is not None:
+                    self._on_wait(work.rank, time.perf_counter() - work.queued_at)
+                _run(work)
             # An idle thread waits for the next call with this frame alive: kept, `work` (its
             # future holds the answer) pinned each thread's last answer until its next call. At
             # rest that was the relist's LIST of every RLJob, on up to every thread of the pool
             # (+10-18 MiB at 1,000 jobs once the drift reads stopped keeping the threads busy).
+            # A call given up is dropped too (its request, body included).
             del work
 
 

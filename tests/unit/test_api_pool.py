@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import threading
+import time
 import weakref
 from typing import Any
 
@@ -233,6 +234,32 @@ def test_an_idle_thread_keeps_no_answer_of_its_last_call():
     del future
     gc.collect()
     assert answer() is None, "the idle thread still holds its last answer"
+    pool.shutdown()
+
+
+def test_an_idle_thread_keeps_no_call_its_caller_gave_up():
+    """A call whose caller gave up before a thread took it is skipped; the thread then waited for
+    its next call still holding it (its request and body) until one came."""
+
+    class Call:
+        def __call__(self) -> None:
+            raise AssertionError("a call its caller gave up was sent")
+
+    pool = PriorityPool(1, "t")
+    gate = threading.Event()
+    busy = pool.submit(gate.wait, OUTSIDE_PASSES)
+    call = Call()
+    given_up = pool.submit(call, OUTSIDE_PASSES)
+    assert given_up.cancel()
+    held = weakref.ref(call)
+    del call, given_up
+    gate.set()
+    assert busy.result(10) is True
+    deadline = time.monotonic() + 5
+    while held() is not None and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.01)
+    assert held() is None, "the idle thread still holds a call its caller gave up"
     pool.shutdown()
 
 
