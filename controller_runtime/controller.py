@@ -155,6 +155,9 @@ class InferenceController:
         self.eval = EvalCells(self.fleet)
         self.rollout_id: int | None = None
         self._deleted_generation: dict[str, int] = {}  # stale generation already deleted
+        # A create that raised may still have made pods (a timeout after the API server took it),
+        # with a label the cell may no longer want: that generation's label is then never assumed.
+        self._create_raised: dict[str, int] = {}
         self._probing: dict[str, asyncio.Task[None]] = {}  # cells whose probe is out, each on its own
         self._probe_deadline: dict[str, float] = {}  # when that probe has timed out at the latest
         if restore is not None:
@@ -285,6 +288,7 @@ class InferenceController:
             cell = self.fleet.remove(name)
             self.health.forget(name)
             self._deleted_generation.pop(name, None)
+            self._create_raised.pop(name, None)
             if cell is not None:
                 await self.fleet.drop_client(cell.endpoint)
                 self.fleet.record("cell_deleted", name, generation=cell.generation)
@@ -295,8 +299,9 @@ class InferenceController:
 
         A cell that will serve the weights it starts with is created serving where the platform
         admits it only once its engine answers: no label write when it comes up. The pods of a
-        partial create join ones made earlier, whose label may be another (a window opened in
-        between): the label is then unknown and the next sync writes what the cell wants."""
+        partial create, or of any create after one that raised, may join ones made earlier whose
+        label is another (a window opened in between): the label is then unknown and the next
+        sync writes what the cell wants."""
         admit = self.platform.admits_when_ready and self._may_serve_initial_weights(cell)
         request = CellRequest(name=cell.name, index=cell.index, generation=cell.generation,
                               pods=self.spec.pods_per_cell, labels=dict(self.labels),
@@ -304,8 +309,12 @@ class InferenceController:
         self.fleet.label_unknown(cell.name)
         if cell.created_time is None:  # the first attempt: a refused create still runs the deadlines
             cell.created_time = self.clock.now()
-        await self.platform.create_cell(request)
-        if whole:
+        try:
+            await self.platform.create_cell(request)
+        except BaseException:
+            self._create_raised[cell.name] = cell.generation
+            raise
+        if whole and self._create_raised.pop(cell.name, None) != cell.generation:
             self.fleet.label_created(cell.name, admit)
 
     async def _reconcile_cell(self, cell: Cell, obs: CellObservation | None, window_open: bool) -> None:

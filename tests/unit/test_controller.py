@@ -273,6 +273,52 @@ async def test_a_window_takes_a_starting_cell_created_serving_out_before_it_is_a
     assert h.platform.serving_calls == [("demo-cell-1", False)]
 
 
+class LostAnswerPlatform(FakePlatform):
+    """The API server takes a create and its answer is lost (a timeout): the pods exist, and the
+    platform's view (a watch behind) does not show them until `hide` is emptied."""
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.lose: set[str] = set()
+        self.hide: set[str] = set()
+        self.asked: list[CellRequest] = []  # every create, the ones that found the pods there too
+
+    async def create_cell(self, request: CellRequest) -> None:
+        self.asked.append(request)
+        await super().create_cell(request)
+        if request.name in self.lose:
+            self.lose.discard(request.name)
+            self.hide.add(request.name)
+            raise TimeoutError("the create's answer was lost")
+
+    async def observe_cells(self) -> Sequence[CellObservation]:
+        return [o for o in await super().observe_cells() if o.name not in self.hide]
+
+
+async def test_a_create_whose_answer_was_lost_never_assumes_its_label() -> None:
+    """A create that raised may have made the cell's pods, labelled serving as it asked. If a window
+    ends before the create is retried, the retry asks for `false` and finds the pods there: the
+    label is then not assumed (it was assumed `false`, and the head, still `true`, joined the
+    Service with the initial weights once its engine answered); the next sync writes it."""
+    platform = LostAnswerPlatform(admits_when_ready=True)
+    h = harness(1, serve_initial_weights=True, platform=platform)
+    await bring_up(h)
+    assert h.states() == [S.Serving]
+    h.ctrl.update_spec(spec(2))
+    platform.lose.add("demo-cell-1")
+    with pytest.raises(TimeoutError):
+        await h.ctrl.reconcile()
+    assert platform.serving["demo-cell-1"] is True  # made serving; the answer never came
+    window = await h.ctrl.start_update_weights("trainer")
+    await h.ctrl.end_update_weights(window.snapshot, "1")
+    await h.ctrl.reconcile()  # the retry: weights were updated since, so it asks for `false`
+    assert [(r.name, r.serving) for r in platform.asked[-2:]] == [("demo-cell-1", True), ("demo-cell-1", False)]
+    platform.hide.clear()
+    await with_clock(h.clock, settle(h.ctrl, passes=3))
+    assert h.states() == [S.Serving, S.PendingWeights]
+    assert platform.serving == {"demo-cell-0": True, "demo-cell-1": False}
+
+
 async def test_scale_up_after_an_update_waits_for_the_next_one() -> None:
     h = harness(1, serve_initial_weights=True)
     await serve(h, "1")
