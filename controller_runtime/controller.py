@@ -51,13 +51,13 @@ from controller_runtime.audit import AuditWriter
 from controller_runtime.cells import LOADED, UPDATABLE, Cell
 from controller_runtime.clock import Clock, RealClock, iso, sleep_or_stop
 from controller_runtime.deadline import call_within
-from controller_runtime.errors import EngineUnavailable, LockHeld, WeightCheckMismatch
+from controller_runtime.errors import EngineUnavailable, LockHeld, NoReadyEngines, WeightCheckMismatch
 from controller_runtime.evalfleet import EvalCells, eval_replicas
 from controller_runtime.evalpin import EvalFleet
 from controller_runtime.events import ControllerEvent, Reason
 from controller_runtime.fleet import Fleet
 from controller_runtime.health import STARTING_PROBE_SECONDS, HealthMonitor, ProbeOutcome, Verdict
-from controller_runtime.lock import ControllerLock, WindowLock, normalise_snapshot
+from controller_runtime.lock import ClosedWindow, ControllerLock, WindowLock
 from controller_runtime.memory import PAUSE_OFFLOAD, FleetMemory, MemoryChange, memory_tags
 from controller_runtime.ports import (
     CellObservation,
@@ -70,7 +70,6 @@ from controller_runtime.ports import (
 from controller_runtime.restart import RestartBudget
 from controller_runtime.weightcheck import changed_tensors, collect_checksums, compare_checksums
 from controller_runtime.window import (
-    NoReadyEngines,
     UpdateWindow,
     cells_to_serve,
     cells_to_stop,
@@ -716,9 +715,13 @@ class InferenceController:
         Without `weight_version` the version is the previous one plus one (numeric versions).
         With spec.inference.weightUpdate.checkWeights, disagreeing participants fail the window:
         it is aborted (participants stopped, lock released) and WeightCheckMismatch is raised.
+        A repeat of the call that ended the window answers the same and changes nothing.
         """
         async with self.fleet.mutex:
             await self._expire_lock_if_due()  # a window past its expiry cannot be ended any more
+            repeated = self.lock.repeated_close(snapshot, ended=True, version=weight_version)
+            if repeated is not None:
+                return repeated
             lock = self.lock.check(snapshot)
             version = weight_version if weight_version is not None else _next_version(self.fleet.weight_version)
             if self.spec.weight_update.check_weights or expected_checksums is not None:
@@ -729,6 +732,7 @@ class InferenceController:
                 self.fleet.move(cell, S.Serving, f"weights {version}")
             self.fleet.weight_version = version
             self.lock.release()
+            self.lock.closed = ClosedWindow(lock.snapshot, True, version, [c.name for c in served])
             self.health.resume(PAUSE_WINDOW)
             await self.fleet.sync_serving_all(served)
             took = self.clock.now() - lock.since
@@ -753,11 +757,14 @@ class InferenceController:
             raise WeightCheckMismatch(mismatched)
 
     async def abort_update_weights(self, snapshot: dict[str, int]) -> list[str]:
-        """Stop every participant whose generation has not changed; always release the lock."""
+        """Stop every participant whose generation has not changed; always release the lock.
+
+        A window already aborted (by this call made before, or by its expiry) answers the same."""
         async with self.fleet.mutex:
-            expired = await self._expire_lock_if_due()
-            if expired is not None and expired[0].snapshot == normalise_snapshot(snapshot):
-                return expired[1]  # already aborted by its expiry: the same answer
+            await self._expire_lock_if_due()
+            repeated = self.lock.repeated_close(snapshot, ended=False)
+            if repeated is not None:
+                return repeated
             lock = self.lock.check(snapshot)
             return await self._abort_locked(lock, f"update window of {lock.holder!r} aborted")
 
@@ -786,6 +793,7 @@ class InferenceController:
                 stopped.append(cell.name)
         finally:
             self.lock.release()
+            self.lock.closed = ClosedWindow(lock.snapshot, False, None, list(stopped))
             self.health.resume(PAUSE_WINDOW)
         self.fleet.record("window_aborted", holder=lock.holder, why=why, outcome=outcome, stopped=stopped,
                           failures=failures)

@@ -1,4 +1,22 @@
-"""Typed errors: every engine or controller failure surfaces as one of these, never a hang.
+"""Typed errors: every engine, controller or platform failure surfaces as one of these, never a hang.
+
+Two roots, because a refusal and an outage call for opposite answers: a `ControllerError` is the
+controller saying no (the trainer must change what it asks), a `PlatformError` is the platform
+under it (the Kubernetes API, its transport) failing, which says nothing about the request:
+
+    ControllerError
+    ├── EngineError                     .endpoint
+    │   ├── EngineTimeout
+    │   ├── EngineUnavailable
+    │   ├── EngineHTTPError             .status .body
+    │   └── EngineProtocolError
+    ├── LockHeld
+    ├── SnapshotMismatch
+    ├── WeightCheckMismatch             .mismatched
+    ├── NoReadyEngines
+    └── PinViolation
+    PlatformError                       (never a ControllerError)
+    └── EffectNotRecorded               .verb .cause
 
 How each one is answered over the controller API (status, reason, the class a trainer
 catches) is the error table in `controller_runtime.api.wire_errors`.
@@ -59,3 +77,26 @@ class WeightCheckMismatch(ControllerError):
 
 class PinViolation(ControllerError):
     """An eval engine does not serve the pinned weight version."""
+
+
+class NoReadyEngines(ControllerError):
+    """start_update_weights found no cell whose engine can take weights."""
+
+
+class PlatformError(Exception):
+    """The platform the controller runs on failed: an API server's error answer, or no answer.
+
+    Its own root so that no `except ControllerError` (and no row of the error table for one)
+    ever takes an outage for a refusal."""
+
+
+class EffectNotRecorded(PlatformError):
+    """A controller call took effect but writing that effect into the job's record failed.
+
+    Repeating the call is safe: the verbs that record their effect answer a repeat of their last
+    call with the same answer, and the repeat records it (`cause`: the write's failure)."""
+
+    def __init__(self, verb: str, cause: BaseException) -> None:
+        super().__init__(f"{verb}: its effect could not be recorded: {type(cause).__name__}: {cause}")
+        self.verb = verb
+        self.cause = cause

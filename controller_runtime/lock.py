@@ -52,12 +52,26 @@ class WindowLock:
         )
 
 
+@dataclass(frozen=True)
+class ClosedWindow:
+    """How the last window closed (ended at `version`, or aborted) and what its closing call answered."""
+
+    snapshot: dict[str, int]
+    ended: bool
+    version: str | None
+    cells: list[str]
+
+
 class ControllerLock:
-    """At most one open window. Expiry is detected here and acted upon by the controller."""
+    """At most one open window. Expiry is detected here and acted upon by the controller.
+
+    `closed` remembers how the last window closed until the next one opens, so that a repeated
+    end or abort (its answer lost, or its effect not recorded) gets the first call's answer."""
 
     def __init__(self, timeout_seconds: float) -> None:
         self.timeout_seconds = timeout_seconds
         self.current: WindowLock | None = None
+        self.closed: ClosedWindow | None = None
 
     @property
     def held(self) -> bool:
@@ -68,6 +82,7 @@ class ControllerLock:
             raise LockHeld(
                 f"the update window is held by {self.current.holder!r} until {iso(self.current.expires)}"
             )
+        self.closed = None
         self.current = WindowLock(
             holder=holder,
             since=now,
@@ -85,6 +100,18 @@ class ControllerLock:
                 f"snapshot {normalise_snapshot(snapshot)} is not the open window's {self.current.snapshot}"
             )
         return self.current
+
+    def repeated_close(self, snapshot: Mapping[str, int], ended: bool, version: str | None = None) -> list[str] | None:
+        """The first answer when this end (`ended`) or abort repeats how the last window closed.
+
+        Only with no window open: an open window is always the one a call names. An end repeats
+        only an end, with the same version when it names one; an abort only an abort."""
+        last = self.closed
+        if self.current is not None or last is None or last.ended != ended:
+            return None
+        if normalise_snapshot(snapshot) != last.snapshot or (ended and version is not None and version != last.version):
+            return None
+        return list(last.cells)
 
     def expired(self, now: float) -> WindowLock | None:
         """The open window when it is past its expiry."""

@@ -14,12 +14,7 @@ from typing import Any
 
 from controller_runtime.api.status import LockStatus
 from controller_runtime.cells import LOADED, UPDATABLE, Cell
-from controller_runtime.errors import ControllerError
 from controller_runtime.ports import CellObservation
-
-
-class NoReadyEngines(ControllerError):
-    """start_update_weights found no cell whose engine can take weights."""
 
 
 @dataclass(frozen=True)

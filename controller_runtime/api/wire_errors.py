@@ -8,7 +8,9 @@ EngineError was 502 on the cluster but 409 in local mode).
 
 The classes are the exceptions a trainer sees. Where the controller has its own exception
 the API class also derives from it, so `except LockHeld` or `except EngineError` catches the
-same failure in-process and over HTTP:
+same failure in-process and over HTTP. A failure of the platform under the controller (the
+Kubernetes API) is never a refusal: it answers 5xx, and 503 NotRecorded (the call took effect,
+writing it down failed; a repeat answers the same) is retried by the client:
 
     ControllerError                                  (controller_runtime.errors)
     └── ControllerAPIError                           status, reason, message, retry_after
@@ -35,7 +37,9 @@ same failure in-process and over HTTP:
         └── ControllerUnavailable                    (status 0: Unreachable, Timeout)
             ├── ControllerNotLeader                  503 NotLeader, retried
             ├── ControllerReviewUnavailable          503 ReviewUnavailable, retried
-            └── ControllerStarting                   503 ControllerStarting, retried
+            ├── ControllerStarting                   503 ControllerStarting, retried
+            ├── ControllerNotRecorded                503 NotRecorded, retried (EffectNotRecorded)
+            └── ControllerPlatformError              502 PlatformError (any other PlatformError)
 """
 
 from __future__ import annotations
@@ -49,14 +53,16 @@ from pydantic import ValidationError
 from controller_runtime.api.control import ErrorResponse
 from controller_runtime.errors import (
     ControllerError,
+    EffectNotRecorded,
     EngineError,
     EngineTimeout,
     LockHeld,
+    NoReadyEngines,
     PinViolation,
+    PlatformError,
     SnapshotMismatch,
     WeightCheckMismatch,
 )
-from controller_runtime.window import NoReadyEngines
 
 # Reasons only a client makes up (status 0): nothing usable came back from a server.
 UNREACHABLE = "Unreachable"
@@ -180,6 +186,18 @@ class ControllerStarting(ControllerUnavailable):
     """The job's controller is being started or restored on this replica (the client retries)."""
 
 
+class ControllerNotRecorded(ControllerUnavailable):
+    """The call took effect but the controller could not record it; the message names the cause.
+
+    The client repeats the call: a repeat answers the same and records the effect."""
+
+
+class ControllerPlatformError(ControllerUnavailable):
+    """The platform under the controller (the Kubernetes API) failed during the call.
+
+    Not retried by the client: the call may have taken part of its effect."""
+
+
 @dataclass(frozen=True)
 class ErrorRow:
     """One error answer. `raised_by`: the non-API exceptions a server answers with this row.
@@ -222,6 +240,8 @@ ERRORS: tuple[ErrorRow, ...] = (
     ErrorRow("ReviewUnavailable", 503, ControllerReviewUnavailable, retryable=True,
              retry_after=STANDBY_RETRY_AFTER_S),
     ErrorRow("ControllerStarting", 503, ControllerStarting, retryable=True, retry_after=1.0),
+    ErrorRow("NotRecorded", 503, ControllerNotRecorded, (EffectNotRecorded,), retryable=True, retry_after=1.0),
+    ErrorRow("PlatformError", 502, ControllerPlatformError, (PlatformError,)),
 )
 
 BY_REASON: dict[str, ErrorRow] = {row.reason: row for row in ERRORS}

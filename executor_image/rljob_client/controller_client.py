@@ -74,8 +74,10 @@ from controller_runtime.api.wire_errors import (
     ControllerNoReadyEngines,
     ControllerNotFound,
     ControllerNotLeader,
+    ControllerNotRecorded,
     ControllerNotWatched,
     ControllerPinViolation,
+    ControllerPlatformError,
     ControllerReviewUnavailable,
     ControllerSnapshotMismatch,
     ControllerStarting,
@@ -90,6 +92,7 @@ from controller_runtime.api.wire_errors import (
 )
 from controller_runtime.clock import Clock, RealClock
 from controller_runtime.errors import ControllerError
+from rljob_client.errors import RLJobError
 from rljob_client.token_file import TokenFile
 
 log = logging.getLogger(__name__)
@@ -107,8 +110,8 @@ __all__ = [
     "ControllerAPIError", "ControllerBadRequest", "ControllerClient", "ControllerConflict", "ControllerEngineError",
     "ControllerEngineTimeout", "ControllerForbidden", "ControllerInternalError", "ControllerJobFinished",
     "ControllerJobNotFound", "ControllerJobSuspended", "ControllerLockHeld", "ControllerMethodNotAllowed",
-    "ControllerNoReadyEngines", "ControllerNotFound", "ControllerNotLeader", "ControllerNotWatched",
-    "ControllerPinViolation", "ControllerReviewUnavailable", "ControllerSnapshotMismatch", "ControllerStarting",
+    "ControllerNoReadyEngines", "ControllerNotFound", "ControllerNotLeader", "ControllerNotRecorded",
+    "ControllerNotWatched", "ControllerPinViolation", "ControllerPlatformError", "ControllerReviewUnavailable", "ControllerSnapshotMismatch", "ControllerStarting",
     "ControllerUnauthenticated", "ControllerUnauthorized", "ControllerUnavailable", "ControllerUnknownVerb",
     "ControllerWeightCheckMismatch", "InferenceControllerClient", "LocalControllerClient", "MemoryChangeFailed",
     "WeightUpdateWindow", "api_error", "cells_response", "default_holder", "eval_response", "retry_after",
@@ -121,7 +124,7 @@ def api_error(status: int, body: str) -> ControllerAPIError:
     return error_from_answer(status, body)
 
 
-class MemoryChangeFailed(ControllerError):
+class MemoryChangeFailed(RLJobError, ControllerError):
     """offload/onload answered, but some engines refused: `change.failed` says which and why.
 
     Raised rather than returned quietly because the caller's next step depends on the memory
@@ -315,10 +318,10 @@ class InferenceControllerClient(_VerbClient):
     Authenticates with a bearer token: `token` if given, else the pod's ServiceAccount token
     file (`token_file.TokenFile`: read again when the kubelet rotated it, when the token is past
     its expiry, and once when the controller answers 401, after which the call is made again
-    if the file held a newer token). A 503 (standby operator
-    replica, failover in progress) and a refused connection are retried, honouring
-    Retry-After, until `retry_timeout` seconds have passed; every other failure raises a
-    typed ControllerAPIError at once.
+    if the file held a newer token). The error table's retryable answers (503: a standby
+    operator replica, a failover in progress, an effect the controller could not record yet)
+    and a refused connection are retried, honouring Retry-After, until `retry_timeout`
+    seconds have passed; every other failure raises a typed ControllerAPIError at once.
     """
 
     def __init__(

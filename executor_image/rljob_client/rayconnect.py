@@ -17,10 +17,11 @@ from typing import Any
 
 import ray
 
+from rljob_client.errors import RLJobError
 from rljob_client.retry_deadline import DeadlineExpired, retry_until
 
 
-class RayConnectError(ConnectionError):
+class RayConnectError(RLJobError, ConnectionError):
     """Ray Client could not connect before the deadline."""
 
 

@@ -15,10 +15,12 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from rljob_client.errors import RLJobError
+
 T = TypeVar("T")
 
 
-class DeadlineExpired(RuntimeError):
+class DeadlineExpired(RLJobError, RuntimeError):
     """The call kept failing until the deadline; `last` is its final error."""
 
     def __init__(self, what: str, attempts: int, elapsed: float, seconds: float, last: BaseException) -> None:

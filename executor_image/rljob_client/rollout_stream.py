@@ -46,6 +46,7 @@ from urllib.parse import urlsplit
 import ray
 import ray.exceptions
 
+from rljob_client.errors import RLJobError
 from rljob_client.retry_deadline import DeadlineExpired, retry_until
 from rljob_client.trainbatch import ShardRef, TrainBatch, decode
 
@@ -56,15 +57,15 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
-class RolloutStreamError(RuntimeError):
+class RolloutStreamError(RLJobError, RuntimeError):
     """The executor could not produce the shard (its error text is included)."""
 
 
-class ActorMissing(LookupError):
+class ActorMissing(RLJobError, LookupError):
     """The Ray cluster answers but has no executor actor (yet: a new executor creates it after its head)."""
 
 
-class ShardChannelLost(ConnectionError):
+class ShardChannelLost(RLJobError, ConnectionError):
     """The side channel closed mid-shard: the executor went away while sending it."""
 
 

@@ -43,6 +43,7 @@ from controller_runtime.api.spec import PauseMode
 from controller_runtime.clients.sglang import SGLangClient
 from controller_runtime.clients.vllm import VLLMClient
 from controller_runtime.errors import EngineError
+from rljob_client.errors import RLJobError
 from rljob_client.vllm_worker_extension import broadcast_from, connect_store, new_process_group
 from rljob_client.weight_buckets import (
     DEFAULT_BUCKET_BYTES,
@@ -60,7 +61,7 @@ MASTER_ADDR_ENV = "RLJOB_WEIGHT_MASTER_ADDR"
 DEFAULT_GROUP_NAME = "rljob-weights"
 
 
-class WeightTransferFailed(EngineError):
+class WeightTransferFailed(RLJobError, EngineError):
     """A process-group update failed; `step` says where, `engines` which endpoints were involved.
 
     An EngineError, so the training loop aborts the window and retries in a new one.

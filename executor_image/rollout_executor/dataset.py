@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from rljob_client.errors import RLJobError
 
 
-class DatasetError(Exception):
+class DatasetError(RLJobError):
     """The dataset cannot be read; the message names the spec field to fix."""
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+from rljob_client.errors import RLJobError
 
 from controller_runtime.clients.completions import completion_request, parse_completion
 from controller_runtime.errors import EngineProtocolError
@@ -34,11 +35,11 @@ EndpointsProvider = Callable[[], Awaitable[list[str]]]
 VERSION_HEADER = "X-Weight-Version"
 
 
-class GenerationError(Exception):
+class GenerationError(RLJobError):
     """A sample cannot be generated (request rejected, attempts or waiting time exhausted)."""
 
 
-class EngineFailure(Exception):
+class EngineFailure(RLJobError):
     """One attempt failed because of the engine (connection, 5xx, garbage): try another."""
 
 

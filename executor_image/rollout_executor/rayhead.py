@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from rljob_client.errors import RLJobError
 from rljob_client.retry_deadline import DeadlineExpired, retry_until
 
 LOOPBACK_NODE_IP = "127.0.0.2"
@@ -97,7 +98,7 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-class RayStartTimedOut(RuntimeError):
+class RayStartTimedOut(RLJobError, RuntimeError):
     """`ray start` gave up waiting for its raylet to register (Ray's fixed 30 s): a busy machine."""
 
 

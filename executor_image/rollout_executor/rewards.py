@@ -17,13 +17,14 @@ from functools import lru_cache
 from typing import Any
 
 import numpy as np
+from rljob_client.errors import RLJobError
 
 from rollout_executor.samples import RewardInput, VocabInfo
 
 RewardFn = Callable[..., Any]
 
 
-class RewardError(Exception):
+class RewardError(RLJobError):
     """The reward function failed for a sample; the message names both."""
 
 

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rljob_client.errors import RLJobError
 
-class WeightVersionError(ValueError):
+
+class WeightVersionError(RLJobError, ValueError):
     """A weight version that goes backwards or is not an integer."""
 
 

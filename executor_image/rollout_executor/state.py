@@ -22,11 +22,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rljob_client.errors import RLJobError
+
 STATE_FORMAT = 1
 STATE_FILE = re.compile(r"^rollout_(\d+)\.json$")
 
 
-class StateError(ValueError):
+class StateError(RLJobError, ValueError):
     """A saved state that cannot be used; the message names the file."""
 
 

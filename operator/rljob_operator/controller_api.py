@@ -6,7 +6,9 @@ is checked in this order: this replica leads (else 503 + Retry-After, so a clien
 against the Service until it reaches the leader), the caller is authenticated and
 authorized (401 / 403), the job has a running controller here (404, or 503 while its daemon
 is still starting). Then the controller method runs and its effect is written into the
-RLJob `status` *before* the answer goes out, so a failover never loses an acknowledged step.
+RLJob `status` *before* the answer goes out, so a failover never loses an acknowledged step;
+when that write fails the answer is 503 NotRecorded, and the client's repeat (which the
+controller answers the same) writes it again.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from controller_runtime.api.wire_errors import (
     refusal,
 )
 from controller_runtime.clock import parse_iso
+from controller_runtime.errors import EffectNotRecorded, PlatformError
 from rljob_operator.auth import Authorizer, Decision
 from rljob_operator.metrics import Metrics
 from rljob_operator.registry import VERB_PUBLISHES, JobHandle, JobRegistry
@@ -108,7 +111,7 @@ class ControlServer:
             resp = await self._serve(request, verb)
         except Exception as e:  # every failure becomes a JSON error with a reason
             resp = error_response(e)
-            if resp.status >= 500 and resp.status != 503:
+            if resp.status >= 500 and (resp.status != 503 or isinstance(e, EffectNotRecorded)):
                 log.warning("controller API %s failed: %s", verb, e, extra={"verb": verb, "status": resp.status})
         self.metrics.api_calls.labels(verb, str(resp.status)).inc()
         self.metrics.api_seconds.labels(verb).observe(time.perf_counter() - started)
@@ -158,12 +161,12 @@ class ControlServer:
             VERB_PUBLISHES.reset(published)
         try:
             await job.publish(verb.name)
-        except Exception:
+        except (PlatformError, TimeoutError) as exc:
             if isinstance(out, UpdateWindowResponse):
                 # The lock must be in status before the trainer may push; if that write fails,
                 # give the lock back so nobody pushes into a window a failover would forget.
                 await job.controller.abort_update_weights(out.snapshot)
-            raise
+            raise EffectNotRecorded(verb.name, exc) from exc
         if verb.name == "end_update_weights" and lock_before.get("since"):
             self.metrics.weight_update_seconds.labels(job.namespace, job.name).observe(
                 max(0.0, time.time() - parse_iso(lock_before["since"]))

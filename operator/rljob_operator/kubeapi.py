@@ -18,7 +18,7 @@ Services, Deployments, Jobs, Events, Leases, reviews and custom resources (RLJob
 
 Every failed call raises one error tree (a transport failure has status 0):
 
-    KubeApiError (controller_runtime.errors.ControllerError)   .status .reason .body
+    KubeApiError (controller_runtime.errors.PlatformError)   .status .reason .body
      ├── NotFound    404
      ├── Conflict    409  AlreadyExists, a moved resourceVersion, a failed precondition
      └── Invalid     422  the schema refused the object, or an immutable field changed
@@ -36,7 +36,7 @@ from typing import Any
 
 import urllib3
 
-from controller_runtime.errors import ControllerError
+from controller_runtime.errors import PlatformError
 from rljob_operator.api_pool import PriorityPool, WaitObserver, current_rank
 from rljob_operator.kinds import API_VERSION, KIND, PLURALS
 from rljob_operator.kubeconn import ApiConnection, connect
@@ -48,7 +48,7 @@ APPLY_PATCH = "application/apply-patch+yaml"
 MERGE_PATCH = "application/merge-patch+json"
 
 
-class KubeApiError(ControllerError):
+class KubeApiError(PlatformError):
     """A Kubernetes API call failed: the answer's HTTP status (0: no answer) and message."""
 
     def __init__(self, what: str, status: int, reason: str, body: str = "") -> None:

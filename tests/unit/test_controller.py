@@ -24,12 +24,11 @@ from controller_runtime.api.status import CellState, RLJobStatus
 from controller_runtime.audit import AuditLog, read_audit_log
 from controller_runtime.clock import FakeClock
 from controller_runtime.controller import InferenceController
-from controller_runtime.errors import LockHeld, SnapshotMismatch, WeightCheckMismatch
+from controller_runtime.errors import LockHeld, NoReadyEngines, SnapshotMismatch, WeightCheckMismatch
 from controller_runtime.events import ControllerEvent, Reason
 from controller_runtime.fakes import FakeEngine, FakeEngines, FakePlatform, settle
 from controller_runtime.health import STARTING_PROBE_SECONDS
 from controller_runtime.ports import CellObservation, CellRequest
-from controller_runtime.window import NoReadyEngines
 
 S = CellState
 T = TypeVar("T")
@@ -409,6 +408,27 @@ async def test_wrong_snapshot_is_a_mismatch_and_leaves_the_window_open() -> None
     await h.ctrl.end_update_weights(window.snapshot, "1")
     with pytest.raises(SnapshotMismatch, match="no update window"):
         await h.ctrl.end_update_weights(window.snapshot, "2")
+
+
+async def test_a_repeated_end_or_abort_answers_the_first_call_and_changes_nothing() -> None:
+    """A call whose effect could not be recorded is repeated by the client: it must not apply twice."""
+    h = harness(2)
+    await bring_up(h)
+    window = await h.ctrl.start_update_weights("t")
+    served = await h.ctrl.end_update_weights(window.snapshot, "3")
+    assert await h.ctrl.end_update_weights(window.snapshot, "3") == served
+    assert await h.ctrl.end_update_weights(window.snapshot) == served  # no version: the one it ended at
+    assert h.reasons().count(Reason.WeightsUpdated) == 1 and h.ctrl.weight_version == "3"
+    with pytest.raises(SnapshotMismatch):  # an abort never repeats an end
+        await h.ctrl.abort_update_weights(window.snapshot)
+    window = await h.ctrl.start_update_weights("t")
+    stopped = await h.ctrl.abort_update_weights(window.snapshot)
+    events, deleted = len(h.events), list(h.platform.deleted)
+    assert await h.ctrl.abort_update_weights(window.snapshot) == stopped == ["demo-cell-0", "demo-cell-1"]
+    assert (len(h.events), h.platform.deleted) == (events, deleted)
+    with pytest.raises(SnapshotMismatch):  # an end never repeats an abort
+        await h.ctrl.end_update_weights(window.snapshot, "4")
+    assert h.ctrl.weight_version == "3"
 
 
 async def test_version_defaults_to_the_next_integer() -> None:

@@ -28,6 +28,7 @@ from rljob_client.controller_client import (
 from rljob_operator import controller_api
 from rljob_operator.auth import Authorizer
 from rljob_operator.controller_api import ControlServer
+from rljob_operator.kubeapi import KubeApiError
 from rljob_operator.registry import JobRegistry
 
 from controller_runtime.api import wire_errors
@@ -48,12 +49,15 @@ from controller_runtime.clock import FakeClock
 from controller_runtime.controller import InferenceController
 from controller_runtime.errors import (
     ControllerError,
+    EffectNotRecorded,
     EngineError,
     EngineTimeout,
     EngineUnavailable,
     LockHeld,
+    PlatformError,
     WeightCheckMismatch,
 )
+from controller_runtime.events import Reason
 from controller_runtime.fakes import FakeEngines, FakePlatform
 
 TOKEN = "trainer-token"
@@ -75,13 +79,19 @@ class Reviewer:
 
 
 class Handle:
-    def __init__(self, controller: Any) -> None:
+    """A job handle whose status write fails `failing[why]` times for that verb, with an API-server error."""
+
+    def __init__(self, controller: Any, failing: dict[str, int] | None = None) -> None:
         self.namespace, self.name = "ns", "job"
         self.controller = controller
         self.published: list[str] = []
+        self.failing = dict(failing or {})
 
     async def publish(self, why: str) -> None:
         self.published.append(why)
+        if self.failing.get(why, 0) > 0:
+            self.failing[why] -= 1
+            raise KubeApiError(f"PATCH /apis/rljobs/{self.name}/status", 503, "Service Unavailable")
 
     def poke(self) -> None:
         pass
@@ -147,6 +157,8 @@ def raised_by_sample(row: ErrorRow) -> BaseException:
         return WeightCheckMismatch({"job-cell-0": ["w"]})
     if cls is Exception:
         return RuntimeError("a bug")
+    if cls is EffectNotRecorded:
+        return EffectNotRecorded("prepare_rollout", ConnectionError("the API server is down"))
     return cls("refused")
 
 
@@ -288,4 +300,83 @@ async def test_a_clean_offload_answers_what_moved(kind: str, tmp_path: Path) -> 
     assert change.failed == {}
     assert change.changed == {c: [MemoryTag.weights, MemoryTag.kv_cache] for c in ("job-cell-0", "job-cell-1")}
     assert {str(e.state) for e in change.engines} == {"Offloaded"}
+    await ctl.close()
+
+
+class SkippingClock:
+    """The client's retry clock: a sleep jumps time forward at once and is recorded."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+        self.delays: list[float] = []
+
+    def now(self) -> float:
+        return self.t
+
+    async def sleep(self, seconds: float) -> None:
+        self.delays.append(seconds)
+        self.t += seconds
+
+
+@contextlib.asynccontextmanager
+async def operator_client(handle: Handle, clock: SkippingClock,
+                          retry_timeout: float = 30.0) -> AsyncIterator[InferenceControllerClient]:
+    registry = JobRegistry()
+    registry.add(handle)
+    server = ControlServer(registry, Authorizer(Reviewer(), clock=FakeClock()), is_leader=lambda: True)
+    async with TestServer(server.app()) as ts:
+        client = InferenceControllerClient(str(ts.make_url("")), "job", "ns", token=TOKEN, holder="trainer-0",
+                                           retry_timeout=retry_timeout, clock=clock)
+        try:
+            yield client
+        finally:
+            await client.close()
+
+
+async def serving_fleet() -> tuple[InferenceController, list[Any]]:
+    events: list[Any] = []
+    ctl = InferenceController("job", InferenceSpec(replicas=2, gpus_per_engine=0), FakePlatform(), FakeEngines(),
+                              clock=FakeClock(), serve_initial_weights=True, on_event=events.append)
+    await ctl.reconcile()
+    await ctl.reconcile()
+    await ctl.probe_health()
+    return ctl, events
+
+
+async def test_an_api_server_error_is_never_answered_as_a_refusal() -> None:
+    """A KubeApiError was a ControllerError, answered 409: the trainer took an outage for a final no."""
+    exc = KubeApiError("PATCH /api/v1/namespaces/ns/pods/p", 503, "Service Unavailable")
+    assert isinstance(exc, PlatformError) and not isinstance(exc, ControllerError)
+    answer = answer_for(exc)
+    assert (answer.status, answer.body.reason) == (502, "PlatformError")
+    assert "HTTP 503" in answer.body.error
+
+
+async def test_a_status_write_that_fails_after_end_is_retried_and_the_window_ends_once() -> None:
+    ctl, events = await serving_fleet()
+    handle, clock = Handle(ctl, failing={"end_update_weights": 2}), SkippingClock()
+    async with operator_client(handle, clock) as client:
+        async with client.update_weights(weight_version="7"):
+            pass
+        cells = await client.cells()
+    assert handle.published == ["start_update_weights"] + ["end_update_weights"] * 3
+    assert len(clock.delays) == 2, "each NotRecorded answer is retried after its Retry-After"
+    ended = [e for e in events if e.reason == Reason.WeightsUpdated]
+    assert len(ended) == 1, "the repeated end is answered, not applied again"
+    assert not [e for e in events if e.reason == Reason.WindowAborted]
+    assert cells.weight_version == "7" and cells.lock is None
+    assert {str(e.state) for e in cells.engines} == {"Serving"}
+    await ctl.close()
+
+
+async def test_a_status_write_that_keeps_failing_raises_not_recorded_with_its_cause() -> None:
+    ctl, _ = await serving_fleet()
+    handle, clock = Handle(ctl, failing={"end_update_weights": 1000}), SkippingClock()
+    async with operator_client(handle, clock, retry_timeout=5.0) as client:
+        window = await client.start_update_weights("trainer-0")
+        with pytest.raises(wire_errors.ControllerNotRecorded) as err:
+            await client.end_update_weights(window.snapshot, "7")
+    assert (err.value.status, err.value.reason) == (503, "NotRecorded")
+    assert "KubeApiError" in err.value.message and "HTTP 503" in err.value.message
+    assert clock.t <= 5.0 and len(clock.delays) >= 2, "retried until its deadline, never past it"
     await ctl.close()

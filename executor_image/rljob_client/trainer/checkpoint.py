@@ -43,6 +43,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from rljob_client.errors import RLJobError
+
 FORMAT = 1
 MANIFEST = "manifest.json"
 MODEL_FILE = "model.safetensors"
@@ -53,7 +55,7 @@ STEP_DIR = re.compile(r"^step-(\d+)$")
 TMP_PREFIX = ".tmp-"
 
 
-class CheckpointError(Exception):
+class CheckpointError(RLJobError):
     """A checkpoint that cannot be used; the message names the file or directory at fault."""
 
 

@@ -44,9 +44,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from controller_runtime.api.spec import Engine, MemoryTag, PauseMode, RLJobSpec, WeightUpdateMethod
 from controller_runtime.api.status import CellState
-from controller_runtime.errors import EngineError, WeightCheckMismatch
-from controller_runtime.window import NoReadyEngines
+from controller_runtime.errors import EngineError, NoReadyEngines, WeightCheckMismatch
 from rljob_client.controller_client import ControllerClient
+from rljob_client.errors import RLJobError
 from rljob_client.trainer.evaluation import PolicyEvaluator
 from rljob_client.trainer.policy import PolicyTrainer, StepMetrics
 from rljob_client.trainer.ranks import RankFailed, RankSync, SingleRank
@@ -70,7 +70,7 @@ __all__ = ["EngineFactory", "LoopConfig", "OverlappingRolloutSource", "RankFaile
            "TrainingLoop", "WeightSyncFailed", "push_from_disk"]
 
 
-class WeightSyncFailed(RuntimeError):
+class WeightSyncFailed(RLJobError, RuntimeError):
     """Weights could not be pushed within the allowed attempts."""
 
 

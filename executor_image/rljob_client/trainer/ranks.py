@@ -31,6 +31,8 @@ import threading
 import time
 from typing import Any, Protocol
 
+from rljob_client.errors import RLJobError
+
 log = logging.getLogger(__name__)
 
 HEARTBEAT_SECONDS = 1.0
@@ -38,7 +40,7 @@ STALE_HEARTBEATS = 3  # a rank whose heartbeat did not move for this many period
 POLL_SECONDS = 2.0  # one store wait; between waits the deadline is checked
 
 
-class RankFailed(RuntimeError):
+class RankFailed(RLJobError, RuntimeError):
     """Another trainer rank died or hung; the message names it."""
 
 

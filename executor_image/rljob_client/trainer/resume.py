@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from rljob_client.controller_client import ControllerClient
+from rljob_client.errors import RLJobError
 from rljob_client.trainer.checkpoint import Checkpoint, CheckpointStore, capture_rng
 from rljob_client.trainer.loop import StepRecord
 from rljob_client.trainer.policy import PolicyTrainer
@@ -32,7 +33,7 @@ log = logging.getLogger(__name__)
 ExecutorState = Callable[[int], Awaitable[dict[str, Any] | None]]
 
 
-class CheckpointSaveFailed(RuntimeError):
+class CheckpointSaveFailed(RLJobError, RuntimeError):
     """A background save failed; raised at the next step so that the run does not go on unprotected."""
 
 
