@@ -9,6 +9,7 @@ tests/reliability/history.py hold (checked from the audit log after each test).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -19,12 +20,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rljob_client.controller_client import InferenceControllerClient
 from rljob_operator.relist import NUDGE_ANNOTATION
 
 from tests.cluster.apiserver import restart_apiserver
 from tests.integration.operator_harness import (
     Kube,
     OperatorProcess,
+    control_rbac,
+    engine_states,
     install_crd,
     make_rljob,
     release_rljobs,
@@ -456,3 +460,51 @@ def test_dropped_engine_pod_events_still_reach_ready_and_replace_a_deleted_pod(
     assert drop.applied > seen, "the deletion's pod events were not dropped"
     assert cell_restarts(kube, "podless") == {"podless-cell-0": 0, "podless-cell-1": 1}
     assert op.proc.poll() is None, "the operator died:\n" + op.log_tail()
+
+
+def not_recorded_answers(op: OperatorProcess) -> float:
+    """How many end_update_weights calls the operator answered 503 (its /metrics)."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in op.metrics().splitlines()
+               if line.startswith("rljob_controller_api_calls_total{")
+               and 'verb="end_update_weights"' in line and 'status="503"' in line)
+
+
+async def end_while_status_writes_fail(op: OperatorProcess, proxy: ApiProxy, namespace: str, token: str) -> None:
+    """Open a window, then end it while every status write fails; lift the fault once the
+    operator has answered end with 503 at least twice, and let the client's retry finish."""
+    client = InferenceControllerClient(op.api, "job", namespace, token=token, token_file=None, holder="trainer-0",
+                                       retry_timeout=120.0)
+    try:
+        window = await client.start_update_weights("trainer-0")
+        failing = proxy.add(Fault("status", "PATCH", "status", status=500, times=0))
+        try:
+            ending = asyncio.ensure_future(client.end_update_weights(window.snapshot, "7"))
+            deadline = asyncio.get_running_loop().time() + 60
+            while not ending.done() and await asyncio.to_thread(not_recorded_answers, op) < 2:
+                assert asyncio.get_running_loop().time() < deadline, "end was never answered NotRecorded"
+                await asyncio.sleep(0.2)
+        finally:
+            proxy.faults.remove(failing)
+        await asyncio.wait_for(ending, 120)
+    finally:
+        await client.close()
+
+
+def test_a_status_write_that_fails_after_end_update_weights_is_retried_and_recorded_once(
+    cluster, namespace, proxy, operators
+):
+    """An API-server error was answered as a refusal (409, final for the trainer): the window's
+    end was lost. It is 503 NotRecorded now; the client repeats end and the outcome is written once."""
+    kube = Kube(cluster, namespace)
+    token, _ = control_rbac(kube, "job")
+    kube.apply(make_rljob("job", replicas=2))
+    op = operators()
+    wait_for(lambda: converged(kube, "job", 2), 180, what="2 cells serving")
+    asyncio.run(end_while_status_writes_fail(op, proxy, namespace, token))
+    assert not_recorded_answers(op) >= 2, "the end's status write never failed: the test proved nothing"
+    wait_for(lambda: kube.status("job").get("weightVersion") == "7", 60, what="weightVersion 7 in status")
+    status = kube.status("job")
+    assert not status.get("lock"), status.get("lock")
+    assert set(engine_states(status).values()) == {"Serving"}
+    updated = [e for e in kube.events("job") if e.get("reason") == "WeightsUpdated"]
+    assert len(updated) == 1 and (updated[0].get("count") or 1) == 1, updated
