@@ -302,8 +302,7 @@ class InferenceController:
         label is another (a window opened in between): the label is then unknown and the next
         sync writes what the cell wants."""
         admit = self.platform.admits_when_ready and self._may_serve_initial_weights(cell)
-        request = CellRequest(name=cell.name, index=cell.index, generation=cell.generation,
-                              pods=self.spec.pods_per_cell, labels=dict(self.labels),
+        request = CellRequest(name=cell.name, index=cell.index, generation=cell.generation, labels=dict(self.labels),
                               role=self.fleet.role_of(cell.name), serving=admit)
         self.fleet.label_unknown(cell.name)
         if cell.created_time is None:  # the first attempt: a refused create still runs the deadlines

@@ -9,8 +9,9 @@ local processes, vLLM); these exist so that the state machine can be tested in m
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from controller_runtime.api.spec import MemoryTag, PauseMode
 from controller_runtime.errors import EngineError, EngineProtocolError, EngineUnavailable
@@ -27,8 +28,9 @@ class FakeCell:
 class FakePlatform:
     """A platform whose cells exist the moment they are created (pods Running unless told otherwise)."""
 
-    def __init__(self, *, start_running: bool = True, admits_when_ready: bool = False) -> None:
+    def __init__(self, *, start_running: bool = True, admits_when_ready: bool = False, pods_per_cell: int = 1) -> None:
         self.start_running = start_running
+        self.pods_per_cell = pods_per_cell
         self.admits_when_ready = admits_when_ready
         self.cells: dict[str, FakeCell] = {}
         self.created: list[CellRequest] = []
@@ -53,7 +55,7 @@ class FakePlatform:
         existing = self.cells.get(request.name)
         if existing is None or existing.request.generation != request.generation:
             self.created.append(request)
-            pods = [PodObservation(f"{request.name}-g{request.generation}-{i}", phase) for i in range(request.pods)]
+            pods = [PodObservation(f"{request.name}-g{request.generation}-{i}", phase) for i in range(self.pods_per_cell)]
             endpoint = self.endpoint_of(request.name, request.generation) if self.start_running else None
             existing = self.cells[request.name] = FakeCell(request, pods, endpoint)
             self.serving[request.name] = request.serving  # as asked; not serving by default (the port's contract)
@@ -65,6 +67,9 @@ class FakePlatform:
         ]  # fmt: skip
         if refused:
             raise RuntimeError(f"fake platform: pods {refused} of {request.name} refused")
+
+    def update_job(self, job: Mapping[str, Any]) -> None:
+        """Fake cells are built from their request alone."""
 
     async def delete_cell(self, name: str) -> None:
         if self.fail_delete:

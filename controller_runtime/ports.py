@@ -8,10 +8,10 @@ Both are Protocols: adapters live outside this package (operator) or beside it (
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Protocol
+from typing import Any, Protocol
 
 from controller_runtime.api.spec import MemoryTag, PauseMode
 
@@ -92,7 +92,6 @@ class CellRequest:
     name: str
     index: int
     generation: int
-    pods: int = 1
     labels: dict[str, str] = field(default_factory=dict)
     role: CellRole = CellRole.policy
     serving: bool = False
@@ -123,6 +122,11 @@ class Platform(Protocol):
 
     async def set_serving(self, name: str, serving: bool) -> None:
         """Mark the cell as a member (or not) of the serving set (on Kubernetes, a pod label)."""
+        ...
+
+    def update_job(self, job: Mapping[str, Any]) -> None:
+        """The job's object changed (a spec edit, a new admission): cells created from now on
+        are built from it. A no-op where cells do not depend on it (local processes, fakes)."""
         ...
 
 

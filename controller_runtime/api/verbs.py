@@ -100,12 +100,17 @@ def window_response(window: Any) -> UpdateWindowResponse:
     )
 
 
-def eval_response(fleet: Any) -> EvalFleetResponse:
-    """controller_runtime.evalpin.EvalFleet (or its dict) -> the wire model, every field kept."""
+class EvalFleetLike(Protocol):
+    """controller_runtime.evalpin.EvalFleet, by the one method an answer is built from."""
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+def eval_response(fleet: EvalFleetLike | None) -> EvalFleetResponse:
+    """controller_runtime.evalpin.EvalFleet -> the wire model, every field kept."""
     if fleet is None:
         return EvalFleetResponse(ok=False, skip_reason="not_configured")
-    data = fleet.to_dict() if hasattr(fleet, "to_dict") else dict(fleet)
-    return EvalFleetResponse.model_validate(data)
+    return EvalFleetResponse.model_validate(fleet.to_dict())
 
 
 # -- the controller calls, one per verb --------------------------------------------------------

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from controller_runtime.ports import CellObservation, CellRequest, PodObservation
 from rljob_cli.vllm_process import VLLMArgs, VLLMProcess, free_port
@@ -86,6 +86,9 @@ class LocalPlatform:
         self.serving: dict[str, bool] = {}
         self.spawned = 0
         self._lock = asyncio.Lock()
+
+    def update_job(self, job: Mapping[str, Any]) -> None:
+        """Local mode's engines are launched from the spec it started with; a new object changes nothing."""
 
     async def create_cell(self, request: CellRequest) -> None:
         async with self._lock:

@@ -140,7 +140,7 @@ class KubernetesPlatform:
     ) -> None:
         self.kube = kube
         self.namespace = namespace
-        self._source: Mapping[str, Any] | JobView = {}
+        self._source: Mapping[str, Any] = {}
         self.update_job(job)
         self.pods = pods
         self.relist_seconds = relist_seconds
@@ -160,24 +160,21 @@ class KubernetesPlatform:
 
     @property
     def job(self) -> JobView:
-        """The job as cells are built from it (validated afresh when kept as its raw spec)."""
+        """The job as a cell is built from it: its compact spec, validated here, once per creation."""
         return dataclasses.replace(JobView.of(self._source), namespace=self.namespace)
 
     def update_job(self, job: Mapping[str, Any] | JobView) -> None:
         """Take a new spec (e.g. after an edit); cells created from now on use it.
 
         Kept as the spec's non-default fields (a few dicts), not as the validated `RLJobSpec`
-        (25 pydantic models): that was 23 KB of every job's heap for good (bench/job_memory.py),
-        for what a pass reads of it (the job's name, pods per cell, port; kept apart) and what
-        a cell's creation reads (`engine_pods`: validated again then; cells are created
-        seldom). A raw spec is still validated here, so an invalid one fails as before; a spec
-        whose compact form would not validate back to it (none known) is kept as it is."""
-        view = dataclasses.replace(JobView.of(job), namespace=self.namespace)
-        compact = {
+        (25 pydantic models, which every job would hold for good), and validated back when a cell
+        is created (`job`), which is seldom. The operator hands a spec it validated; a raw one is
+        validated here, so that an invalid spec fails now rather than at its first cell."""
+        view = JobView.of(job)
+        self._source = {
             "metadata": {"name": view.name, "namespace": self.namespace, "uid": view.uid},
             "spec": view.spec.model_dump(by_alias=True, exclude_defaults=True, mode="json"),
         }
-        self._source = compact if JobView.of(compact).spec == view.spec else view
         self._name = view.name
         self._pods_per_cell = view.spec.inference.pods_per_cell
         self._port = view.spec.inference.port

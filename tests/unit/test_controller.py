@@ -78,8 +78,9 @@ class Harness:
 def harness(replicas: int = 2, *, serve_initial_weights: bool = False, audit: AuditLog | None = None,
             platform: FakePlatform | None = None, **kw: Any) -> Harness:
     clock = FakeClock()
-    h = Harness(None, platform or FakePlatform(), FakeEngines(), clock)  # type: ignore[arg-type]
-    h.ctrl = InferenceController(JOB, spec(replicas, **kw), h.platform, h.engines, clock=clock, audit=audit,
+    s = spec(replicas, **kw)
+    h = Harness(None, platform or FakePlatform(pods_per_cell=s.pods_per_cell), FakeEngines(), clock)  # type: ignore[arg-type]
+    h.ctrl = InferenceController(JOB, s, h.platform, h.engines, clock=clock, audit=audit,
                                  on_event=h.events.append, serve_initial_weights=serve_initial_weights,
                                  flush_retry_seconds=1.0)
     return h
@@ -113,8 +114,7 @@ async def serve(h: Harness, version: str = "1") -> dict[str, int]:
 async def test_bootstrap_creates_named_cells_that_wait_for_weights() -> None:
     h = harness(2)
     await bring_up(h)
-    assert [(r.name, r.generation, r.pods) for r in h.platform.created] == [
-        ("demo-cell-0", 0, 1), ("demo-cell-1", 0, 1)]
+    assert [(r.name, r.generation) for r in h.platform.created] == [("demo-cell-0", 0), ("demo-cell-1", 0)]
     assert h.states() == [S.PendingWeights, S.PendingWeights]
     assert h.ctrl.serving_endpoints() == []
     assert h.platform.serving == {"demo-cell-0": False, "demo-cell-1": False}
@@ -689,7 +689,7 @@ def place(platform: FakePlatform, cell: str, *nodes: str | None) -> None:
 
 
 async def test_a_partly_scheduled_cell_is_deleted_after_the_scheduling_deadline_and_retried() -> None:
-    h = harness(1, gpus_per_engine=16, gpus_per_node=8, platform=FakePlatform(start_running=False),
+    h = harness(1, gpus_per_engine=16, gpus_per_node=8, platform=FakePlatform(start_running=False, pods_per_cell=2),
                 scheduling_deadline=60)
     await h.ctrl.reconcile()
     place(h.platform, "demo-cell-0", "gpu-0", None)  # one pod holds 8 GPUs, the other never fits
@@ -708,7 +708,7 @@ async def test_a_partly_scheduled_cell_is_deleted_after_the_scheduling_deadline_
 
 
 async def test_a_cell_with_no_pod_scheduled_holds_nothing_and_keeps_waiting() -> None:
-    h = harness(1, gpus_per_engine=16, gpus_per_node=8, platform=FakePlatform(start_running=False),
+    h = harness(1, gpus_per_engine=16, gpus_per_node=8, platform=FakePlatform(start_running=False, pods_per_cell=2),
                 scheduling_deadline=60)
     await h.ctrl.reconcile()
     await h.clock.advance(120)

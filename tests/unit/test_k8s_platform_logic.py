@@ -498,3 +498,33 @@ def test_a_platform_refuses_a_spec_that_does_not_validate_at_once() -> None:
     body["spec"]["inference"]["replicas"] = "many"
     with pytest.raises(ValidationError):
         KubernetesPlatform(PodStore(), "rl", body)
+
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_a_compact_spec_validates_back_to_the_same_spec(path: Path) -> None:
+    """What the platform keeps (non-default fields) is the spec: it is not checked again at run time."""
+    spec = RLJobSpec.model_validate(yaml.safe_load(path.read_text())["spec"])
+    compact = spec.model_dump(by_alias=True, exclude_defaults=True, mode="json")
+    assert RLJobSpec.model_validate(compact) == spec
+
+
+async def test_the_spec_is_validated_once_on_its_way_to_a_pod(monkeypatch: pytest.MonkeyPatch) -> None:
+    """It went validate -> dump -> validate (a round-trip check) -> validate (the cell's build)."""
+    body = load("gpu-4x2")
+    spec = RLJobSpec.model_validate(body["spec"])
+    validations: list[object] = []
+    validate = RLJobSpec.model_validate.__func__  # type: ignore[attr-defined]
+
+    def counted(cls: type[RLJobSpec], obj: object, **kw: Any) -> RLJobSpec:
+        validations.append(obj)
+        return validate(cls, obj, **kw)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(RLJobSpec, "model_validate", classmethod(counted))
+    store = PodStore()
+    p = KubernetesPlatform(store, "rl", {"metadata": body["metadata"], "spec": spec})  # as the runtime hands it
+    assert validations == [], "a validated spec is kept without validating it again"
+    await p.create_cell(req(0))
+    assert len(validations) == 1 and store.pods, "one validation per cell built"

@@ -64,7 +64,7 @@ def pod_sets(job: dict[str, Any] | JobView, controller_url: str) -> list[dict[st
     out: list[dict[str, Any]] = []
     engine_count = inf.replicas * inf.pods_per_cell
     if engine_count > 0:
-        cell = CellRequest(name=f"{view.name}-cell-0", index=0, generation=0, pods=inf.pods_per_cell)
+        cell = CellRequest(name=f"{view.name}-cell-0", index=0, generation=0)
         out.append(
             {"name": PODSET_ENGINES, "count": engine_count, "template": _template(engine_pod(view, cell, 0))}
         )

@@ -129,7 +129,7 @@ class EngineFleet:
 
     def follow_spec(self, job_object: Mapping[str, Any], generation: Hashable) -> None:
         """Cells created from now on are built from the edited spec (or a new Kueue admission)."""
-        if self._platform_generation != generation and hasattr(self.platform, "update_job"):
+        if self._platform_generation != generation:
             self.platform.update_job(job_object)
             self._platform_generation = generation
 
