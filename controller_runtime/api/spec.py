@@ -16,9 +16,11 @@ every CEL rule from these bounds and refuses a CRD whose rules could cost too mu
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import AfterValidator, Field, GetJsonSchemaHandler, model_validator
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema
 
 from controller_runtime.api.base import ApiModel
 
@@ -48,8 +50,32 @@ def cel(*rules: tuple[str, str] | tuple[str, str, str] | dict[str, str]) -> dict
 
 
 class Engine(StrEnum):
+    """The built-in engines' names; what an engine is lies in its row of `controller_runtime.engines.ENGINES`."""
+
     vllm = "vllm"
     sglang = "sglang"
+
+
+def known_engine(name: str) -> str:
+    """An engine with a row in the engine table (which imports this module, hence the late import)."""
+    from controller_runtime.engines import ENGINES
+
+    if name not in ENGINES:
+        raise ValueError(f"unknown engine {name!r}; one of {', '.join(ENGINES)}")
+    return name
+
+
+class _EngineTableEnum:
+    """The schema's (and so the CRD's) enum of engine names: the engine table's rows."""
+
+    @staticmethod
+    def __get_pydantic_json_schema__(core_schema: CoreSchema, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
+        from controller_runtime.engines import ENGINES
+
+        return {"type": "string", "enum": [str(name) for name in ENGINES]}
+
+
+EngineName = Annotated[str, AfterValidator(known_engine), _EngineTableEnum()]
 
 
 class MemoryTag(StrEnum):
@@ -304,7 +330,7 @@ class InferenceSpec(ApiModel):
         )
     }
 
-    engine: Engine = Field(default=Engine.vllm, description="Inference engine: vllm or sglang. Immutable.")
+    engine: EngineName = Field(default=Engine.vllm, description="Inference engine: vllm or sglang. Immutable.")
     image: str = Field(default="vllm/vllm-openai:v0.32.0", min_length=1, max_length=MAX_IMAGE, description="Engine container image.")
     replicas: int = Field(default=1, ge=0, le=1024, description="Number of engine cells (data-parallel engines). Can be changed live.")
     gpus_per_engine: int = Field(default=1, ge=0, le=512, description="GPUs of one engine (tensor x pipeline parallel). 0 runs on CPU (local mode, tests). Immutable.")

@@ -123,7 +123,7 @@ class ThreadedRolloutStream:
 class LoopConfig:
     steps: int
     sync_dir: Path
-    engine: Engine = Engine.vllm
+    engine: str = Engine.vllm  # a name of controller_runtime.engines.ENGINES
     pause_mode: PauseMode = PauseMode.wait
     offload_tags: tuple[MemoryTag, ...] = ()  # empty: not colocated, no offload
     holder: str = "trainer-0"

@@ -29,12 +29,9 @@ Design choices (why):
 
 from __future__ import annotations
 
-import json
-import shlex
 from typing import Any
 
-from controller_runtime.api.spec import Engine, InferenceSpec, WeightUpdateMethod
-from controller_runtime.engine_extensions import VLLM_LOGPROBS_ARGS, WEIGHT_TRANSFER_EXTENSION
+from controller_runtime.engines import EngineLaunch, engine, parallel_sizes
 from controller_runtime.ports import CellRequest
 from rljob_operator import labels as L
 from rljob_operator.manifests.job import JobView
@@ -54,18 +51,8 @@ from rljob_operator.manifests.podspec import (
 from rljob_operator.names import cells_service_name, engine_pod_name
 
 CONTAINER = "engine"
-HEALTH_PATH = "/health"  # both vLLM and SGLang; the controller's own probe uses /health_generate on SGLang
-RAY_GCS_PORT = 6379
-SGLANG_DIST_PORT = 50000
-VLLM_MODULE = "vllm.entrypoints.openai.api_server"
-SGLANG_MODULE = "sglang.launch_server"
 
-
-def parallel_sizes(inference: InferenceSpec) -> tuple[int, int]:
-    """(tensor, pipeline) parallel sizes: TP within a pod, PP across the pods of a cell, unless set."""
-    tp = inference.tensor_parallel_size or max(1, inference.gpus_per_pod)
-    pp = inference.pipeline_parallel_size or inference.pods_per_cell
-    return tp, pp
+__all__ = ["CONTAINER", "engine_command", "engine_pod", "engine_pods", "head_address", "parallel_sizes"]
 
 
 def head_address(job: JobView, cell: CellRequest) -> str:
@@ -74,104 +61,23 @@ def head_address(job: JobView, cell: CellRequest) -> str:
     return f"{head}.{job.service_host(cells_service_name(job.name))}"
 
 
-def _vllm_server_args(job: JobView, distributed: bool) -> list[str]:
-    inf = job.spec.inference
-    tp, pp = parallel_sizes(inf)
-    args = [
-        "--model", model_path(job.spec.model),
-        "--host", "$(POD_IP)",
-        "--port", str(inf.port),
-        *VLLM_LOGPROBS_ARGS,
-        "--tensor-parallel-size", str(tp),
-        "--pipeline-parallel-size", str(pp),
-    ]  # fmt: skip
-    if job.spec.model.tokenizer:
-        args += ["--tokenizer", job.spec.model.tokenizer]
-    if distributed:
-        args += ["--distributed-executor-backend", "ray"]
-    if inf.offload.enabled:
-        args.append("--enable-sleep-mode")
-    if inf.weight_update.method == WeightUpdateMethod.nccl:
-        args += ["--weight-transfer-config", json.dumps({"backend": "nccl"}, separators=(",", ":"))]
-    if inf.weight_update.method in (WeightUpdateMethod.nccl, WeightUpdateMethod.gloo) or inf.gpus_per_engine == 0:
-        # the trainer's broadcast lands in rljob_client's worker extension (the engine image must
-        # ship it); a CPU engine loads it for every method: it asks for the AMX state vLLM's CPU
-        # attention needs (`vllm_worker_extension.allow_amx`), and CPU engines run our image
-        args += ["--worker-extension-cls", WEIGHT_TRANSFER_EXTENSION]
-    return args + list(inf.engine_args)
-
-
-def _vllm_command(job: JobView, cell: CellRequest, pod_index: int) -> list[str]:
-    inf = job.spec.inference
-    pods = inf.pods_per_cell
-    if pods == 1:
-        return ["python", "-m", VLLM_MODULE, *_vllm_server_args(job, distributed=False)]
-    head = head_address(job, cell)
-    if pod_index == 0:
-        wait_for_workers = (
-            'import ray, sys; ray.init(address="auto", logging_level="ERROR"); '
-            f'sys.exit(0 if sum(n["Alive"] for n in ray.nodes()) >= {pods} else 1)'
-        )
-        server = shlex.join(["python", "-m", VLLM_MODULE, *_vllm_server_args(job, distributed=True)])
-        script = (
-            "set -e\n"
-            f"ray start --head --port={RAY_GCS_PORT} --node-ip-address=$(POD_IP) --disable-usage-stats\n"
-            f"until python -c {shlex.quote(wait_for_workers)}; do sleep 5; done\n"
-            f"exec {server}\n"
-        )
-    else:
-        wait_for_head = f"import socket; socket.create_connection(({json.dumps(head)}, {RAY_GCS_PORT}), 5)"
-        script = (
-            f"until python -c {shlex.quote(wait_for_head)}; do sleep 5; done\n"
-            f"exec ray start --address={head}:{RAY_GCS_PORT} --node-ip-address=$(POD_IP) "
-            "--disable-usage-stats --block\n"
-        )
-    return ["bash", "-c", script]
-
-
-def _sglang_command(job: JobView, cell: CellRequest, pod_index: int) -> list[str]:
-    inf = job.spec.inference
-    tp, pp = parallel_sizes(inf)
-    args = [
-        "python", "-m", SGLANG_MODULE,
-        "--model-path", model_path(job.spec.model),
-        "--host", "$(POD_IP)",
-        "--port", str(inf.port),
-        "--tp", str(tp),
-    ]  # fmt: skip
-    if pp > 1:
-        args += ["--pp-size", str(pp)]
-    if inf.pods_per_cell > 1:
-        args += [
-            "--nnodes", str(inf.pods_per_cell),
-            "--node-rank", str(pod_index),
-            "--dist-init-addr", f"{head_address(job, cell)}:{SGLANG_DIST_PORT}",
-        ]  # fmt: skip
-    if job.spec.model.tokenizer:
-        args += ["--tokenizer-path", job.spec.model.tokenizer]
-    if inf.offload.enabled:
-        args.append("--enable-memory-saver")
-    return args + list(inf.engine_args)
-
-
 def engine_command(job: JobView, cell: CellRequest, pod_index: int) -> list[str]:
-    """argv of pod `pod_index` of the cell (Kubernetes expands `$(POD_IP)`)."""
-    if job.spec.inference.engine == Engine.sglang:
-        return _sglang_command(job, cell, pod_index)
-    return _vllm_command(job, cell, pod_index)
+    """argv of pod `pod_index` of the cell (Kubernetes expands `$(POD_IP)`): the engine table's builder."""
+    launch = EngineLaunch(job.spec.inference, model_path(job.spec.model), job.spec.model.tokenizer, pod_index,
+                          head_address(job, cell))
+    return engine(job.spec.inference.engine).argv(launch)
 
 
 def _engine_env(job: JobView) -> list[dict[str, Any]]:
     env = [env_field("POD_IP", "status.podIP"), env_field("POD_NAME", "metadata.name")]
-    if job.spec.inference.engine == Engine.vllm:
-        env += [env_value("VLLM_SERVER_DEV_MODE", "1"), env_value("VLLM_HOST_IP", "$(POD_IP)")]
+    env += [env_value(name, value) for name, value in engine(job.spec.inference.engine).env]
     return merge_env(env, user_env(job.spec.inference.env))
 
 
 def _readiness_probe(job: JobView) -> dict[str, Any]:
     hc = job.spec.inference.health_check
     return {
-        "httpGet": {"path": HEALTH_PATH, "port": "http"},
+        "httpGet": {"path": engine(job.spec.inference.engine).health_route, "port": "http"},
         "periodSeconds": 10,
         "timeoutSeconds": max(1, min(int(hc.timeout_seconds), 10)),
         "failureThreshold": 3,
@@ -183,11 +89,9 @@ def _ports(job: JobView, pod_index: int) -> list[dict[str, Any]]:
     if pod_index != 0:
         return []
     ports = [{"name": "http", "containerPort": inf.port, "protocol": "TCP"}]
-    if inf.pods_per_cell > 1:
-        if inf.engine == Engine.vllm:
-            ports.append({"name": "ray-gcs", "containerPort": RAY_GCS_PORT, "protocol": "TCP"})
-        else:
-            ports.append({"name": "dist-init", "containerPort": SGLANG_DIST_PORT, "protocol": "TCP"})
+    dist_init = engine(inf.engine).dist_init
+    if inf.pods_per_cell > 1 and dist_init is not None:
+        ports.append({"name": dist_init[0], "containerPort": dist_init[1], "protocol": "TCP"})
     return ports
 
 
