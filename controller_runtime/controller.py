@@ -162,34 +162,6 @@ class InferenceController:
         if restore is not None:
             self._restore(restore)
 
-    # == the fleet's state, as the controller's users have always read it ====================
-
-    @property
-    def cells(self) -> dict[str, Cell]:
-        """The policy fleet: updated by windows, serves rollouts."""
-        return self.fleet.cells
-
-    @property
-    def eval_cells(self) -> dict[str, Cell]:
-        """The frozen eval fleet (spec.inference.eval), pinned."""
-        return self.fleet.eval_cells
-
-    @property
-    def weight_version(self) -> str | None:
-        return self.fleet.weight_version
-
-    @weight_version.setter
-    def weight_version(self, version: str | None) -> None:
-        self.fleet.weight_version = version
-
-    @property
-    def flush_retries(self) -> int:
-        return self.memory.flush_retries
-
-    @flush_retries.setter
-    def flush_retries(self, retries: int) -> None:
-        self.memory.flush_retries = retries
-
     # == restore and spec ===================================================================
 
     def _restore(self, status: RLJobStatus) -> None:

@@ -64,10 +64,6 @@ class HealthMonitor:
     def active(self) -> bool:
         return not self._pause_reasons
 
-    @property
-    def pause_reasons(self) -> frozenset[str]:
-        return frozenset(self._pause_reasons)
-
     def pause(self, reason: str) -> None:
         """Stop liveness probing for `reason` (e.g. "offload", "window"); bumps the epoch."""
         if reason not in self._pause_reasons:

@@ -201,21 +201,3 @@ class VLLMProcess:
         except OSError:
             return ""
 
-
-def wait_healthy(endpoint: str, proc: VLLMProcess | None = None, timeout: float = 300.0) -> None:
-    """Block until GET /health answers 200 (for tests and tools; the controller probes on its own)."""
-    import urllib.error
-    import urllib.request
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.returncode() is not None:
-            raise RuntimeError(f"vLLM exited with {proc.returncode()} before it was healthy:\n{proc.log_tail()}")
-        try:
-            with urllib.request.urlopen(endpoint + "/health", timeout=2.0) as resp:
-                if resp.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.5)
-    raise TimeoutError(f"vLLM at {endpoint} not healthy after {timeout}s")

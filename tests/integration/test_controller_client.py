@@ -177,7 +177,7 @@ async def test_window_ends_with_the_version_and_cells_serve(any_client: Controll
         assert window.lock.holder == "trainer-0"
         window.weight_version = "7"  # the body may decide the version late
     assert not controller.lock.held
-    assert controller.weight_version == "7"
+    assert controller.fleet.weight_version == "7"
     assert [(s.state, s.weight_version) for s in controller.engine_statuses()] == [(CellState.Serving, "7")] * 2
     cells = await any_client.cells()
     assert cells.weight_version == "7" and cells.lock is None
@@ -194,14 +194,14 @@ async def test_window_aborts_on_exception_and_reraises(any_client: ControllerCli
             assert controller.lock.held
             raise PushFailed("engine refused the weights")
     assert not controller.lock.held
-    assert controller.weight_version is None
+    assert controller.fleet.weight_version is None
     # participants may hold half-written weights: stopped and recreated at the next generation
     assert [s.generation for s in controller.engine_statuses()] == [1, 1]
     # the lock is free again: a retry can open a new window once cells are back
     await settle(controller)
     async with any_client.update_weights(weight_version="1"):
         pass
-    assert controller.weight_version == "1"
+    assert controller.fleet.weight_version == "1"
 
 
 async def test_second_window_while_one_is_open_is_lock_held(any_client: ControllerClient,
@@ -211,7 +211,7 @@ async def test_second_window_while_one_is_open_is_lock_held(any_client: Controll
             await any_client.start_update_weights("someone-else")
         with pytest.raises(LockHeld):  # memory moves are refused inside a window, not queued
             await any_client.offload([MemoryTag.kv_cache])
-    assert controller.weight_version == "1"
+    assert controller.fleet.weight_version == "1"
 
 
 async def test_memory_and_rollout_calls_reach_the_controller(any_client: ControllerClient,

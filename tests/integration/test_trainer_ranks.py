@@ -246,7 +246,7 @@ async def test_ranks_train_on_exactly_the_version_each_step_expects(rig: Rig, wo
         assert [rec["step"] for rec in records] == list(range(STEPS))
         # maxStaleness 0 and the barrier: step s trains only on samples of weights v s
         assert [rec["batch_weight_versions"] for rec in records] == [[s] for s in range(STEPS)], f"rank {rank}"
-    assert rig.controller.weight_version == str(STEPS)
+    assert rig.controller.fleet.weight_version == str(STEPS)
     assert rig.executor.versions.current == STEPS
     assert rig.executor.versions.dropped_samples == 0, "no rank asked for a rollout before its weights were live"
     begins = [c for c in rig.shim.gate_calls if c.startswith("begin_weight_update")]
@@ -328,7 +328,7 @@ async def test_the_loop_drains_or_aborts_in_flight_requests_around_its_window(ri
         assert stats["aborted_retries"] == window["in_flight"]
     batch = await rig.executor.get_batch(0)
     assert set(batch.weight_versions.tolist()) == {1}, "maxStaleness 0: the batch is of the new weights only"
-    assert rig.controller.weight_version == "1"
+    assert rig.controller.fleet.weight_version == "1"
 
 
 async def until(cond: Any, within: float = 30.0, what: str = "condition") -> None:

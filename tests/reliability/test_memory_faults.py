@@ -19,7 +19,7 @@ from tests.unit.test_controller import harness, serve
 async def test_refused_offload_is_reported_and_the_cell_keeps_serving() -> None:
     h = harness(2)
     await serve(h)
-    h.ctrl.flush_retries = 1
+    h.ctrl.memory.flush_retries = 1
     h.engine(1).fail.add("release_memory")
     change = await h.ctrl.offload(["weights"])
     assert list(change.failed) == ["demo-cell-1"] and "release_memory refused" in change.failed["demo-cell-1"]

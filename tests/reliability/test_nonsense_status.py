@@ -73,4 +73,4 @@ async def test_an_unknown_cell_is_dropped_and_a_wrong_generation_does_not_double
     assert names == [f"{JOB}-cell-0", f"{JOB}-cell-1"], names
     live = {n: c.request.generation for n, c in h.platform.cells.items()}
     assert set(live) == {f"{JOB}-cell-0", f"{JOB}-cell-1"}  # one live generation per cell, nothing for cell 9
-    assert h2.cells[f"{JOB}-cell-0"].generation == live[f"{JOB}-cell-0"]
+    assert h2.fleet.cells[f"{JOB}-cell-0"].generation == live[f"{JOB}-cell-0"]

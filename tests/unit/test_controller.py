@@ -62,13 +62,13 @@ class Harness:
         return self.engines(FakePlatform.endpoint_of(name, self.platform.cells[name].request.generation))
 
     def cell(self, index: int):
-        return self.ctrl.cells[f"{JOB}-cell-{index}"]
+        return self.ctrl.fleet.cells[f"{JOB}-cell-{index}"]
 
     def reasons(self) -> list[str]:
         return [e.reason for e in self.events]
 
     def states(self) -> list[CellState]:
-        return [c.state for c in sorted(self.ctrl.cells.values(), key=lambda c: c.index)]
+        return [c.state for c in sorted(self.ctrl.fleet.cells.values(), key=lambda c: c.index)]
 
     def new_controller(self, **kw: Any) -> InferenceController:
         return InferenceController(JOB, kw.pop("spec", self.ctrl.spec), self.platform, self.engines,
@@ -194,7 +194,7 @@ async def test_a_cell_waiting_for_its_pods_is_polled_only_when_pod_changes_do_no
     assert await h.ctrl.reconcile() == STARTING_PROBE_SECONDS
     watched = h.new_controller(pods_wake_passes=True, poll_seconds=7.0)
     await settle(watched)
-    assert [c.state for c in watched.cells.values()] == [S.Pending]
+    assert [c.state for c in watched.fleet.cells.values()] == [S.Pending]
     assert await watched.reconcile() == 7.0
 
 async def test_serve_initial_weights_goes_straight_to_serving() -> None:
@@ -342,7 +342,7 @@ async def test_window_serves_participants_at_the_new_version() -> None:
     served = await h.ctrl.end_update_weights(window.snapshot, "7")
     assert served == ["demo-cell-0", "demo-cell-1", "demo-cell-2"]
     assert h.states() == [S.Serving] * 3
-    assert {c.weight_version for c in h.ctrl.cells.values()} == {"7"}
+    assert {c.weight_version for c in h.ctrl.fleet.cells.values()} == {"7"}
     assert all(h.platform.serving.values())
     assert h.ctrl.status_patch()["weightVersion"] == "7" and h.ctrl.lock.current is None
     updated = [e for e in h.events if e.reason == Reason.WeightsUpdated]
@@ -418,7 +418,7 @@ async def test_a_repeated_end_or_abort_answers_the_first_call_and_changes_nothin
     served = await h.ctrl.end_update_weights(window.snapshot, "3")
     assert await h.ctrl.end_update_weights(window.snapshot, "3") == served
     assert await h.ctrl.end_update_weights(window.snapshot) == served  # no version: the one it ended at
-    assert h.reasons().count(Reason.WeightsUpdated) == 1 and h.ctrl.weight_version == "3"
+    assert h.reasons().count(Reason.WeightsUpdated) == 1 and h.ctrl.fleet.weight_version == "3"
     with pytest.raises(SnapshotMismatch):  # an abort never repeats an end
         await h.ctrl.abort_update_weights(window.snapshot)
     window = await h.ctrl.start_update_weights("t")
@@ -428,7 +428,7 @@ async def test_a_repeated_end_or_abort_answers_the_first_call_and_changes_nothin
     assert (len(h.events), h.platform.deleted) == (events, deleted)
     with pytest.raises(SnapshotMismatch):  # an end never repeats an abort
         await h.ctrl.end_update_weights(window.snapshot, "4")
-    assert h.ctrl.weight_version == "3"
+    assert h.ctrl.fleet.weight_version == "3"
 
 
 async def test_version_defaults_to_the_next_integer() -> None:
@@ -436,7 +436,7 @@ async def test_version_defaults_to_the_next_integer() -> None:
     await serve(h, "4")
     window = await h.ctrl.start_update_weights("t")
     await h.ctrl.end_update_weights(window.snapshot)
-    assert h.ctrl.weight_version == "5"
+    assert h.ctrl.fleet.weight_version == "5"
 
 
 async def test_cell_recreated_during_the_window_is_excluded_at_end() -> None:
@@ -766,7 +766,7 @@ async def test_scale_down_deletes_surplus_cells_but_not_during_a_window() -> Non
     assert h.platform.deleted == []
     await h.ctrl.end_update_weights(window.snapshot, "1")
     await h.ctrl.reconcile()
-    assert h.platform.deleted == ["demo-cell-2"] and sorted(h.ctrl.cells) == ["demo-cell-0", "demo-cell-1"]
+    assert h.platform.deleted == ["demo-cell-2"] and sorted(h.ctrl.fleet.cells) == ["demo-cell-0", "demo-cell-1"]
     assert h.ctrl.status_patch()["ready"] == "2/2"
 
 
@@ -837,14 +837,14 @@ async def test_colocated_step_order_updates_offloaded_cells() -> None:
     await h.ctrl.onload(["kv_cache", "cuda_graph"])
     await h.ctrl.prepare_rollout(2)
     assert h.states() == [S.Serving, S.Serving] and all(h.platform.serving.values())
-    assert h.ctrl.status_patch()["rolloutId"] == 2 and h.ctrl.weight_version == "2"
+    assert h.ctrl.status_patch()["rolloutId"] == 2 and h.ctrl.fleet.weight_version == "2"
 
 
 async def test_flush_is_retried_a_bounded_number_of_times() -> None:
     h = harness(2)
     await bring_up(h)
     h.engine(0).flush_failures = 3
-    h.ctrl.flush_retries = 5
+    h.ctrl.memory.flush_retries = 5
     change = await with_clock(h.clock, h.ctrl.offload(["kv_cache"]))
     assert change.failed == {} and h.engine(0).calls.count("flush_cache") == 4
     h.engine(1).flush_failures = 100
@@ -879,9 +879,9 @@ async def test_restore_from_status_keeps_cells_budget_window_and_version() -> No
     creates = len(h.platform.created)
 
     h2 = h.new_controller(restore=status)
-    assert {n: (c.generation, c.state, c.restarts, c.weight_version) for n, c in h2.cells.items()} == {
-        n: (c.generation, c.state, c.restarts, c.weight_version) for n, c in h.ctrl.cells.items()}
-    assert h2.weight_version == "3"
+    assert {n: (c.generation, c.state, c.restarts, c.weight_version) for n, c in h2.fleet.cells.items()} == {
+        n: (c.generation, c.state, c.restarts, c.weight_version) for n, c in h.ctrl.fleet.cells.items()}
+    assert h2.fleet.weight_version == "3"
     assert h2.lock.current is not None and h2.lock.current.snapshot == window.snapshot
     assert h2.lock.current.expires == h.ctrl.lock.current.expires
     assert not h2.health.active  # the open window pauses monitoring
@@ -910,7 +910,7 @@ async def test_restored_offloaded_cell_returns_to_its_state() -> None:
     h2 = h.new_controller(restore=RLJobStatus.model_validate(h.ctrl.status_patch()))
     assert not h2.health.active
     await h2.onload(["weights"])
-    assert h2.cells["demo-cell-0"].state == S.Serving
+    assert h2.fleet.cells["demo-cell-0"].state == S.Serving
 
 
 async def test_run_loop_brings_cells_up_and_stops() -> None:
@@ -1154,7 +1154,7 @@ async def test_eval_fleet_skips_when_not_configured_or_not_ready() -> None:
 async def test_eval_pin_violation_is_reported_and_cells_stay_unpinned() -> None:
     h = harness(1, eval=EVAL)
     await bring_up(h)
-    stale = h.engines(h.ctrl.eval_cells["demo-eval-1"].endpoint or "")
+    stale = h.engines(h.ctrl.fleet.eval_cells["demo-eval-1"].endpoint or "")
 
     async def load_without_version(path: str, version: str | None = None) -> None:
         stale.weight_version = "older"
@@ -1171,7 +1171,7 @@ async def test_eval_cells_survive_restore_in_their_own_group() -> None:
     await bring_up(h)
     await h.ctrl.eval_fleet()
     h2 = h.new_controller(restore=RLJobStatus.model_validate(h.ctrl.status_patch()))
-    assert sorted(h2.eval_cells) == ["demo-eval-0", "demo-eval-1"] and sorted(h2.cells) == ["demo-cell-0"]
+    assert sorted(h2.fleet.eval_cells) == ["demo-eval-0", "demo-eval-1"] and sorted(h2.fleet.cells) == ["demo-cell-0"]
     creates = len(h.platform.created)
     await settle(h2)
     assert len(h.platform.created) == creates and h.platform.deleted == []
@@ -1180,7 +1180,7 @@ async def test_eval_cells_survive_restore_in_their_own_group() -> None:
 async def test_onloaded_cell_that_slept_through_an_update_waits_for_weights() -> None:
     h = harness(2)
     await serve(h, "1")
-    h.ctrl.flush_retries = 1
+    h.ctrl.memory.flush_retries = 1
     h.engine(1).flush_failures = 1  # cell 1 refuses to offload and stays Serving
     change = await h.ctrl.offload(["weights"])
     assert list(change.failed) == ["demo-cell-1"] and h.states() == [S.Offloaded, S.Serving]
@@ -1206,7 +1206,7 @@ async def test_end_after_expiry_is_refused_and_abort_after_expiry_answers_the_sa
     await h2.clock.advance(601)
     with pytest.raises(SnapshotMismatch):
         await h2.ctrl.end_update_weights(window2.snapshot, "1")
-    assert h2.ctrl.weight_version is None and h2.states() == [S.Pending]
+    assert h2.ctrl.fleet.weight_version is None and h2.states() == [S.Pending]
     assert Reason.LockExpired in h2.reasons()
 
 

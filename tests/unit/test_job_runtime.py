@@ -854,11 +854,11 @@ async def test_the_relists_copy_is_dropped_once_kopfs_view_caught_up():
     listed["spec"]["inference"]["replicas"] = 3
     rt.observe_listed(listed)
     await settle(rt)
-    assert rt.body is listed and len(rt.controller.cells) == 3
+    assert rt.body is listed and len(rt.controller.fleet.cells) == 3
     body["metadata"]["generation"] = 2  # kopf's watch delivers the edit
     body["spec"]["inference"]["replicas"] = 3
     await rt.run_pass()
-    assert rt._listed is None and rt.body is body and len(rt.controller.cells) == 3
+    assert rt._listed is None and rt.body is body and len(rt.controller.fleet.cells) == 3
 
 
 class _NotStopped:

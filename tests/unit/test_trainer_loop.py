@@ -202,7 +202,7 @@ async def test_steps_follow_the_miles_order_and_versions_advance(rig: Rig) -> No
     [engine] = rig.engines.engines.values()
     assert engine.calls.count("update_weights_from_disk") == 3
     assert engine.weight_version == "2" and not engine.paused
-    assert rig.controller.weight_version == "2"
+    assert rig.controller.fleet.weight_version == "2"
     assert sorted(p.name for p in rig.loop.writer.root.iterdir()) == ["v1", "v2"]
 
 
@@ -310,7 +310,7 @@ async def test_one_failing_engine_aborts_the_window_and_leaves_no_engine_paused(
     assert calls_but_probes(bad)[-2:] == ["update_weights_from_disk", "resume"] and not bad.paused
     others = [rig.engines.engines[FakePlatform.endpoint_of(f"job-cell-{i}", 0)] for i in (0, 2)]
     assert all(e.calls.count("resume") >= 1 and not e.paused for e in others)
-    assert rig.controller.weight_version == "1"
+    assert rig.controller.fleet.weight_version == "1"
 
 
 async def test_each_sync_closes_the_executor_gate_around_the_window(rig: Rig) -> None:

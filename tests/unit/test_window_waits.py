@@ -71,7 +71,7 @@ async def eventually(predicate: object, within: float = 10.0) -> None:
 
 
 def ready(s: Served) -> bool:
-    return all(c.state in (CellState.PendingWeights, CellState.Serving) for c in s.controller.cells.values())
+    return all(c.state in (CellState.PendingWeights, CellState.Serving) for c in s.controller.fleet.cells.values())
 
 
 @pytest.mark.parametrize("via", ["http", "local"])

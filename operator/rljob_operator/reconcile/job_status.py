@@ -247,12 +247,6 @@ def _wants(
     return wants
 
 
-def semantically_equal(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> bool:
-    """Whether writing `b` over `a` would change anything a reader sees."""
-    keys = set(a or {}) | set(b or {})
-    return all((a or {}).get(k) == (b or {}).get(k) for k in keys)
-
-
 PROBE_TIME = "lastProbeTime"
 FAILURES = "consecutiveFailures"
 PENDING_BOOKKEEPING = frozenset({"pods", "endpoint"})
