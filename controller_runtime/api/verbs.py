@@ -151,12 +151,9 @@ async def _cells(c: Any, _req: None) -> CellsResponse:
 
 
 async def _eval_fleet(c: Any, req: EvalFleetRequest | None) -> EvalFleetResponse:
-    fn = getattr(c, "eval_fleet", None)
-    if fn is None:
-        return EvalFleetResponse(ok=False, skip_reason="not_configured")
     if req is None or (req.checkpoint is None and req.weight_version is None):
-        return eval_response(await fn())  # the spec's checkpoint (a stand-in without arguments still answers)
-    return eval_response(await fn(checkpoint=req.checkpoint, weight_version=req.weight_version))
+        return eval_response(await c.eval_fleet())  # pinned to the spec's checkpoint
+    return eval_response(await c.eval_fleet(checkpoint=req.checkpoint, weight_version=req.weight_version))
 
 
 async def _record_eval(c: Any, req: RecordEvalRequest) -> EvalStatus:
