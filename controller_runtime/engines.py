@@ -1,8 +1,8 @@
 """The engines and weight-sync methods the controller knows, as two tables.
 
 Everything that differs between engines or between methods is a field of a descriptor here;
-the manifest builders, the engine clients' factory and the spec's validation read the tables
-and never branch on a name. An engine without a descriptor has no client and no argv, and the
+the manifest builders and the engine clients' factory read the tables and never branch on a
+name, and the spec admits the engines of the table and no other. An engine without a descriptor has no client and no argv, and the
 spec refuses it (the CRD's enum of `spec.inference.engine` is generated from `ENGINES`), so no
 engine is ever run with another engine's client or command line.
 
