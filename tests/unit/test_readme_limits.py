@@ -16,13 +16,20 @@ from typing import Any
 
 import pytest
 import yaml
-from rljob_operator.manifests import engine_pods, executor_deployment, trainer_workload
+from rljob_operator.manifests import (
+    PolicyPeers,
+    engine_pods,
+    executor_deployment,
+    network_policies,
+    trainer_workload,
+)
 from rljob_operator.manifests.workload import pod_sets
 from rljob_operator.names import PODSET_RAY_WORKERS
 
 from controller_runtime.ports import CellRequest
 
 REPO = Path(__file__).resolve().parents[2]
+DOCS = ["README.md", "docs/design.md", "docs/network-policies.md", "operator/rljob_operator/manifests/netpol.py"]
 JOBS = Path(__file__).parent / "golden" / "jobs"
 URL = "http://rljob-operator.rljob-system.svc:8080"
 
@@ -59,6 +66,11 @@ def _engine_command() -> str:
     cell = CellRequest(name="multinode-vllm-cell-0", index=0, generation=0, pods=2)
     c = engine_pods(_job(), cell)[0]["spec"]["containers"][0]
     return " ".join([*c.get("command", []), *c.get("args", [])])
+
+
+def _operator_admitted_from_every_namespace() -> bool:
+    engines = network_policies(_job(), PolicyPeers("rljob-system"))[-1]
+    return any(peer.get("namespaceSelector") == {} for rule in engines["spec"]["ingress"] for peer in rule["from"])
 
 
 def _test_cluster_file(name: str) -> str:
@@ -110,6 +122,16 @@ CLAIMS = [
         lambda: "COREDNS" not in _test_cluster_file("versions.env"),
     ),
     Claim(
+        "operator-label-in-any-namespace",
+        ("operator", "in any namespace"),
+        _operator_admitted_from_every_namespace,
+    ),
+    Claim(
+        "trainer-metrics-port-unset",
+        ("RLJOB_TRAINER_METRICS_PORT", "set nowhere"),
+        lambda: "RLJOB_TRAINER_METRICS_PORT" not in _trainer_env(),
+    ),
+    Claim(
         "network-policies-not-enforced",
         ("no NetworkPolicy enforcer",),
         lambda: "kube-network-policies" not in _test_cluster_file("versions.env"),
@@ -119,7 +141,7 @@ CLAIMS = [
 
 
 @pytest.mark.parametrize("claim", CLAIMS, ids=[c.id for c in CLAIMS])
-@pytest.mark.parametrize("doc", ["README.md", "docs/design.md"])
+@pytest.mark.parametrize("doc", DOCS)
 def test_docs_name_a_limit_only_while_the_code_has_it(claim: Claim, doc: str) -> None:
     stated = _stating(REPO / doc, claim.phrases)
     if not claim.holds():
@@ -139,6 +161,9 @@ def test_the_stale_statements_of_the_old_docs_are_caught() -> None:
         "trainer-pods-without-overlap": "trainer pods get no `RLJOB_OVERLAP` from the operator yet.",
         "test-cluster-without-kube-proxy": "so Services there have no endpoints and there is no kube-proxy or DNS: tests",
         "test-cluster-without-dns": "The test cluster has no DNS, so its multi-rank trainer pods are given",
+        "operator-label-in-any-namespace": "The operator is recognised by the chart's pod label in any namespace: a",
+        "trainer-metrics-port-unset": "The operator never gives trainer pods a metrics port "
+        "(`RLJOB_TRAINER_METRICS_PORT` is set nowhere in `manifests/`).",
         "network-policies-not-enforced": "the test cluster has no NetworkPolicy enforcer, so those are checked",
     }
     assert set(old) == {c.id for c in CLAIMS}
