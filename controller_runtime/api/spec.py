@@ -319,7 +319,7 @@ class InferenceSpec(ApiModel):
     pod_metadata: PodMetadata = Field(default_factory=PodMetadata, description="Extra labels/annotations on engine pods.")
     health_check: HealthCheckSpec = Field(default_factory=HealthCheckSpec, description="How engine health is probed.")
     restart_policy: RestartPolicySpec = Field(default_factory=RestartPolicySpec, description="How unhealthy cells are recreated, and how often at most.")
-    offload: OffloadSpec = Field(default_factory=OffloadSpec, description="Release engine memory during training (needed when spec.trainer.colocate is true).")
+    offload: OffloadSpec = Field(default_factory=OffloadSpec, description="Start engines able to release their GPU memory, for the controller API's offload/onload (a trainer of your own that shares their GPUs).")
     weight_update: WeightUpdateSpec = Field(default_factory=WeightUpdateSpec, description="How new weights reach the engines.")
     router: RouterSpec | None = Field(default=None, description="Optional external router; absent means clients use the <job>-engines Service.")
     eval: EvalFleetSpec | None = Field(default=None, description="Optional eval fleet pinned to a checkpoint.")
@@ -578,12 +578,21 @@ TRAINER_EXCLUSIVE_MSG = (
 )
 
 
+COLOCATE_REFUSED_MSG = (
+    "spec.trainer.colocate is deprecated and refused: trainer and engine pods each request their GPUs "
+    "exclusively, so they never share them and offloading the engines around training only stops their "
+    "generation; leave the field out and give the trainer GPUs of its own (spec.trainer.gpusPerReplica). "
+    "It is removed in rljob.io/v1alpha2 (rljob-operator 0.2.0)"
+)
+
+
 class TrainerSpec(ApiModel):
     """The trainer workload: pods the operator creates (torchrun-style env injected), or a reference to one you run."""
 
     model_config = ApiModel.model_config | {
         "json_schema_extra": cel(
             ("!(has(self.workloadRef) && has(self.command))", TRAINER_EXCLUSIVE_MSG, ".workloadRef"),
+            ("!self.colocate", COLOCATE_REFUSED_MSG, ".colocate"),
         )
     }
 
@@ -597,7 +606,13 @@ class TrainerSpec(ApiModel):
     placement: Placement = Field(default_factory=Placement, description="nodeSelector, tolerations, affinity, priorityClassName of trainer pods.")
     pod_metadata: PodMetadata = Field(default_factory=PodMetadata, description="Extra labels/annotations on trainer pods.")
     service_account_name: str | None = Field(default=None, max_length=MAX_NAME, description="ServiceAccount of trainer pods; it must be allowed `update` on rljobs/control.")
-    colocate: bool = Field(default=False, description="Trainer shares GPUs with engines; requires spec.inference.offload.enabled.")
+    colocate: bool = Field(
+        default=False,
+        description=(
+            "Deprecated, and refused when true: it never made the trainer share the engines' GPUs (each pod "
+            "requests its GPUs exclusively). Removed in rljob.io/v1alpha2 (rljob-operator 0.2.0)."
+        ),
+    )
     reference: ReferenceTrainerSpec = Field(default_factory=ReferenceTrainerSpec, description="Settings of the bundled reference trainer.")
     workload_ref: WorkloadRef | None = Field(default=None, description="A trainer workload you run yourself (then no trainer pods are created).")
     max_restarts: int = Field(
@@ -625,13 +640,11 @@ class TrainerSpec(ApiModel):
     def _one_trainer(self) -> TrainerSpec:
         if self.workload_ref is not None and self.command is not None:
             raise ValueError(TRAINER_EXCLUSIVE_MSG)
+        if self.colocate:
+            raise ValueError(COLOCATE_REFUSED_MSG)
         return self
 
 
-COLOCATE_NEEDS_OFFLOAD_MSG = (
-    "spec.trainer.colocate requires spec.inference.offload.enabled: true "
-    "(engines must release GPU memory while the trainer uses the same GPUs)"
-)
 GRPO_GROUP_MSG = (
     "spec.rollout.sampling.nSamplesPerPrompt must be at least 2 for the reference GRPO trainer "
     "(advantages are normalised within each prompt's group, a group of one never learns); "
@@ -658,7 +671,6 @@ class RLJobSpec(ApiModel):
 
     model_config = ApiModel.model_config | {
         "json_schema_extra": cel(
-            ("!self.trainer.colocate || self.inference.offload.enabled", COLOCATE_NEEDS_OFFLOAD_MSG, ".trainer.colocate"),
             ("has(self.rollout) || has(self.trainer.workloadRef)", ROLLOUT_NEEDED_MSG, ".rollout"),
             ("has(self.rollout) == has(oldSelf.rollout)", ROLLOUT_PRESENCE_IMMUTABLE_MSG, ".rollout"),
             (
@@ -694,8 +706,6 @@ class RLJobSpec(ApiModel):
 
     @model_validator(mode="after")
     def _coherent(self) -> RLJobSpec:
-        if self.trainer.colocate and not self.inference.offload.enabled:
-            raise ValueError(COLOCATE_NEEDS_OFFLOAD_MSG)
         if self.rollout is None:
             if self.trainer.workload_ref is None:
                 raise ValueError(ROLLOUT_NEEDED_MSG)

@@ -91,7 +91,13 @@ INVALID = [
         "spec.trainer.workloadRef",
         S.TRAINER_EXCLUSIVE_MSG,
     ),
-    Case("colocate-without-offload", {"spec.trainer.colocate": True}, "spec.trainer.colocate", S.COLOCATE_NEEDS_OFFLOAD_MSG),
+    Case("colocate", {"spec.trainer.colocate": True}, "spec.trainer.colocate", S.COLOCATE_REFUSED_MSG),
+    Case(
+        "colocate-with-offload",
+        {"spec.trainer.colocate": True, "spec.inference.offload": {"enabled": True}},
+        "spec.trainer.colocate",
+        S.COLOCATE_REFUSED_MSG,
+    ),
     Case(
         "grpo-group-of-one",
         {"spec.rollout.sampling.nSamplesPerPrompt": 1},
@@ -154,7 +160,7 @@ VALID_EDITS = {
     "nccl-on-gpu-engines": {"spec.inference.weightUpdate.method": "nccl", "spec.inference.weightUpdate.transferTimeoutSeconds": 30},
     "tp-times-pp": {"spec.inference.gpusPerEngine": 16, "spec.inference.tensorParallelSize": 8, "spec.inference.pipelineParallelSize": 2},
     "offload-disabled-without-tags": {"spec.inference.offload": {"enabled": False, "tags": []}},
-    "colocate-with-offload": {"spec.trainer.colocate": True, "spec.inference.offload": {"enabled": True}},
+    "colocate-false-with-offload": {"spec.trainer.colocate": False, "spec.inference.offload": {"enabled": True}},
     "reinforce-group-of-one": {"spec.rollout.sampling.nSamplesPerPrompt": 1, "spec.trainer.reference.algorithm": "reinforce"},
     "own-trainer-group-of-one": {"spec.rollout.sampling.nSamplesPerPrompt": 1, "spec.trainer.command": ["python", "t.py"]},
     "workload-ref-only": {

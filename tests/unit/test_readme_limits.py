@@ -26,6 +26,7 @@ from rljob_operator.manifests import (
 from rljob_operator.manifests.workload import pod_sets
 from rljob_operator.names import PODSET_RAY_WORKERS
 
+from controller_runtime.api.spec import RLJobSpec
 from controller_runtime.ports import CellRequest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -71,6 +72,15 @@ def _engine_command() -> str:
 def _operator_admitted_from_every_namespace() -> bool:
     engines = network_policies(_job(), PolicyPeers("rljob-system"))[-1]
     return any(peer.get("namespaceSelector") == {} for rule in engines["spec"]["ingress"] for peer in rule["from"])
+
+
+def _colocate_refused() -> bool:
+    spec = _job()["spec"]
+    try:
+        RLJobSpec.model_validate({**spec, "trainer": {**spec["trainer"], "colocate": True}})
+    except ValueError:
+        return True
+    return False
 
 
 def _test_cluster_file(name: str) -> str:
@@ -132,6 +142,12 @@ CLAIMS = [
         lambda: "RLJOB_TRAINER_METRICS_PORT" not in _trainer_env(),
     ),
     Claim(
+        "colocation-refused",
+        ("colocate", "refused"),
+        _colocate_refused,
+        must_be_named=True,
+    ),
+    Claim(
         "network-policies-not-enforced",
         ("no NetworkPolicy enforcer",),
         lambda: "kube-network-policies" not in _test_cluster_file("versions.env"),
@@ -164,6 +180,7 @@ def test_the_stale_statements_of_the_old_docs_are_caught() -> None:
         "operator-label-in-any-namespace": "The operator is recognised by the chart's pod label in any namespace: a",
         "trainer-metrics-port-unset": "The operator never gives trainer pods a metrics port "
         "(`RLJOB_TRAINER_METRICS_PORT` is set nowhere in `manifests/`).",
+        "colocation-refused": "`spec.trainer.colocate` is deprecated and refused (removed in",
         "network-policies-not-enforced": "the test cluster has no NetworkPolicy enforcer, so those are checked",
     }
     assert set(old) == {c.id for c in CLAIMS}
