@@ -187,14 +187,14 @@ class PauseMode(StrEnum):
 class WeightUpdateSpec(ApiModel):
     """How new weights reach the engines after each training step."""
 
-    method: WeightUpdateMethod = Field(default=WeightUpdateMethod.disk, description="disk: safetensors on shared storage + engine reload; nccl: bucketed broadcast from the trainer into a process group of the window's engines (GPU engines only); gloo: the same broadcast over gloo (CPU engines, or GPUs without NCCL).")
+    method: WeightUpdateMethod = Field(default=WeightUpdateMethod.disk, description="disk: safetensors on shared storage + engine reload; nccl: bucketed broadcast from the trainer into a process group of the window's engines (GPU engines only); gloo: the same broadcast over gloo (CPU engines, or GPUs without NCCL). Immutable.")
     pause_mode: PauseMode = Field(default=PauseMode.wait, description="How in-flight requests are treated while weights change (vLLM /pause?mode=).")
     check_weights: bool = Field(default=False, description="Snapshot engine weight checksums before, compare after (miles check_weight_update_equal).")
     lock_timeout_seconds: float = Field(default=600, gt=0, description="An update window left open longer than this is aborted and reported.")
     ready_timeout_seconds: float = Field(default=60, ge=0, description="A window first waits up to this long for cells that are starting, then opens over the ready ones (miles start_update_weights ready_timeout); 0: only the cells ready at that instant.")
     bucket_megabytes: int = Field(default=512, ge=1, le=65536, description="nccl/gloo: tensors are packed into broadcasts of at most this many MiB (a larger tensor goes alone).")
     transfer_timeout_seconds: float = Field(default=120, gt=0, le=86400, description="nccl/gloo: bound on forming the group and on each broadcast; a peer that dies or never joins fails the window after this long.")
-    shared_path: str = Field(default="/checkpoints", min_length=1, max_length=MAX_PATH, description="Shared directory where the trainer writes weights for disk updates.")
+    shared_path: str = Field(default="/checkpoints", min_length=1, max_length=MAX_PATH, description="Shared directory where the trainer writes weights for disk updates. Immutable.")
     pvc: PvcSource | None = Field(default=None, description="PVC mounted at sharedPath in engine and trainer pods (disk updates across pods need shared storage).")
 
 
@@ -273,6 +273,18 @@ NCCL_NEEDS_GPUS_MSG = (
 ENGINE_IMMUTABLE_MSG = "spec.inference.engine is immutable; create a new RLJob to switch engines"
 GPUS_PER_ENGINE_IMMUTABLE_MSG = "spec.inference.gpusPerEngine is immutable; create a new RLJob to change the cell shape"
 GPUS_PER_NODE_IMMUTABLE_MSG = "spec.inference.gpusPerNode is immutable; create a new RLJob to change the cell shape"
+PORT_IMMUTABLE_MSG = (
+    "spec.inference.port is immutable: the engines' Services and NetworkPolicy would move to the new port at once "
+    "while the running cells listen on the old one; create a new RLJob to change it"
+)
+WEIGHT_METHOD_IMMUTABLE_MSG = (
+    "spec.inference.weightUpdate.method is immutable: running engines were started for their method (its "
+    "weight-transfer engine or worker extension) and could not take the next update; create a new RLJob to change it"
+)
+SHARED_PATH_IMMUTABLE_MSG = (
+    "spec.inference.weightUpdate.sharedPath is immutable: running engines read new weights there and the "
+    "executor keeps its dataset position under it; create a new RLJob to change it"
+)
 
 
 class InferenceSpec(ApiModel):
@@ -301,6 +313,13 @@ class InferenceSpec(ApiModel):
             ("self.engine == oldSelf.engine", ENGINE_IMMUTABLE_MSG, ".engine"),
             ("self.gpusPerEngine == oldSelf.gpusPerEngine", GPUS_PER_ENGINE_IMMUTABLE_MSG, ".gpusPerEngine"),
             ("self.gpusPerNode == oldSelf.gpusPerNode", GPUS_PER_NODE_IMMUTABLE_MSG, ".gpusPerNode"),
+            ("self.port == oldSelf.port", PORT_IMMUTABLE_MSG, ".port"),
+            ("self.weightUpdate.method == oldSelf.weightUpdate.method", WEIGHT_METHOD_IMMUTABLE_MSG, ".weightUpdate.method"),
+            (
+                "self.weightUpdate.sharedPath == oldSelf.weightUpdate.sharedPath",
+                SHARED_PATH_IMMUTABLE_MSG,
+                ".weightUpdate.sharedPath",
+            ),
         )
     }
 
@@ -311,7 +330,7 @@ class InferenceSpec(ApiModel):
     gpus_per_node: int = Field(default=8, ge=1, le=64, description="GPUs per node; a cell spans ceil(gpusPerEngine/gpusPerNode) pods. Immutable.")
     tensor_parallel_size: int | None = Field(default=None, ge=1, le=512, description="Defaults to min(gpusPerEngine, gpusPerNode).")
     pipeline_parallel_size: int | None = Field(default=None, ge=1, le=512, description="Defaults to the number of pods in a cell.")
-    port: int = Field(default=8000, ge=1, le=65535, description="Engine HTTP port.")
+    port: int = Field(default=8000, ge=1, le=65535, description="Engine HTTP port. Immutable.")
     engine_args: list[str] = Field(default_factory=list, max_length=MAX_ARGS, description="Extra engine command-line arguments.")
     env: list[EnvVar] = Field(default_factory=list, max_length=MAX_ENV, description="Extra engine environment.")
     resources: Resources = Field(default_factory=Resources, description="Engine container resources besides GPUs (GPUs come from gpusPerEngine).")
@@ -753,6 +772,12 @@ class RLJobSpec(ApiModel):
             raise ValueError(GPUS_PER_ENGINE_IMMUTABLE_MSG)
         if self.inference.gpus_per_node != old.inference.gpus_per_node:
             raise ValueError(GPUS_PER_NODE_IMMUTABLE_MSG)
+        if self.inference.port != old.inference.port:
+            raise ValueError(PORT_IMMUTABLE_MSG)
+        if self.inference.weight_update.method != old.inference.weight_update.method:
+            raise ValueError(WEIGHT_METHOD_IMMUTABLE_MSG)
+        if self.inference.weight_update.shared_path != old.inference.weight_update.shared_path:
+            raise ValueError(SHARED_PATH_IMMUTABLE_MSG)
         if (self.rollout is None) != (old.rollout is None):
             raise ValueError(ROLLOUT_PRESENCE_IMMUTABLE_MSG)
 
