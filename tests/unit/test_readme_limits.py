@@ -195,3 +195,13 @@ def test_the_known_limits_section_is_the_last_user_section_and_short() -> None:
     limits = readme[readme.index("## Known limits") : readme.index("\n## ", readme.index("## Known limits"))]
     assert 3 <= limits.count("\n- ") <= 15
     assert "| commit |" not in readme, "CI history belongs in docs/ci.md"
+
+
+def test_the_live_edits_table_refuses_every_immutable_field() -> None:
+    """Every field the CRD keeps from changing is a refused row of docs/live-edits.md."""
+    from tests.unit.crd_cases import IMMUTABLE
+
+    refused = [line for line in (REPO / "docs" / "live-edits.md").read_text().splitlines() if "**refused**" in line]
+    for case in IMMUTABLE:
+        leaf = case.field.split(".")[-1]
+        assert any(leaf in line for line in refused), f"{case.field} is immutable but not a refused row"
