@@ -213,14 +213,14 @@ class PauseMode(StrEnum):
 class WeightUpdateSpec(ApiModel):
     """How new weights reach the engines after each training step."""
 
-    method: WeightUpdateMethod = Field(default=WeightUpdateMethod.disk, description="disk: safetensors on shared storage + engine reload; nccl: bucketed broadcast from the trainer into a process group of the window's engines (GPU engines only); gloo: the same broadcast over gloo (CPU engines, or GPUs without NCCL).")
+    method: WeightUpdateMethod = Field(default=WeightUpdateMethod.disk, description="disk: safetensors on shared storage + engine reload; nccl: bucketed broadcast from the trainer into a process group of the window's engines (GPU engines only); gloo: the same broadcast over gloo (CPU engines, or GPUs without NCCL). Immutable.")
     pause_mode: PauseMode = Field(default=PauseMode.wait, description="How in-flight requests are treated while weights change (vLLM /pause?mode=).")
     check_weights: bool = Field(default=False, description="Snapshot engine weight checksums before, compare after (miles check_weight_update_equal).")
     lock_timeout_seconds: float = Field(default=600, gt=0, description="An update window left open longer than this is aborted and reported.")
     ready_timeout_seconds: float = Field(default=60, ge=0, description="A window first waits up to this long for cells that are starting, then opens over the ready ones (miles start_update_weights ready_timeout); 0: only the cells ready at that instant.")
     bucket_megabytes: int = Field(default=512, ge=1, le=65536, description="nccl/gloo: tensors are packed into broadcasts of at most this many MiB (a larger tensor goes alone).")
     transfer_timeout_seconds: float = Field(default=120, gt=0, le=86400, description="nccl/gloo: bound on forming the group and on each broadcast; a peer that dies or never joins fails the window after this long.")
-    shared_path: str = Field(default="/checkpoints", min_length=1, max_length=MAX_PATH, description="Shared directory where the trainer writes weights for disk updates.")
+    shared_path: str = Field(default="/checkpoints", min_length=1, max_length=MAX_PATH, description="Shared directory where the trainer writes weights for disk updates. Immutable.")
     pvc: PvcSource | None = Field(default=None, description="PVC mounted at sharedPath in engine and trainer pods (disk updates across pods need shared storage).")
 
 
@@ -299,6 +299,18 @@ NCCL_NEEDS_GPUS_MSG = (
 ENGINE_IMMUTABLE_MSG = "spec.inference.engine is immutable; create a new RLJob to switch engines"
 GPUS_PER_ENGINE_IMMUTABLE_MSG = "spec.inference.gpusPerEngine is immutable; create a new RLJob to change the cell shape"
 GPUS_PER_NODE_IMMUTABLE_MSG = "spec.inference.gpusPerNode is immutable; create a new RLJob to change the cell shape"
+PORT_IMMUTABLE_MSG = (
+    "spec.inference.port is immutable: the engines' Services and NetworkPolicy would move to the new port at once "
+    "while the running cells listen on the old one; create a new RLJob to change it"
+)
+WEIGHT_METHOD_IMMUTABLE_MSG = (
+    "spec.inference.weightUpdate.method is immutable: running engines were started for their method (its "
+    "weight-transfer engine or worker extension) and could not take the next update; create a new RLJob to change it"
+)
+SHARED_PATH_IMMUTABLE_MSG = (
+    "spec.inference.weightUpdate.sharedPath is immutable: running engines read new weights there and the "
+    "executor keeps its dataset position under it; create a new RLJob to change it"
+)
 
 
 class InferenceSpec(ApiModel):
@@ -327,6 +339,13 @@ class InferenceSpec(ApiModel):
             ("self.engine == oldSelf.engine", ENGINE_IMMUTABLE_MSG, ".engine"),
             ("self.gpusPerEngine == oldSelf.gpusPerEngine", GPUS_PER_ENGINE_IMMUTABLE_MSG, ".gpusPerEngine"),
             ("self.gpusPerNode == oldSelf.gpusPerNode", GPUS_PER_NODE_IMMUTABLE_MSG, ".gpusPerNode"),
+            ("self.port == oldSelf.port", PORT_IMMUTABLE_MSG, ".port"),
+            ("self.weightUpdate.method == oldSelf.weightUpdate.method", WEIGHT_METHOD_IMMUTABLE_MSG, ".weightUpdate.method"),
+            (
+                "self.weightUpdate.sharedPath == oldSelf.weightUpdate.sharedPath",
+                SHARED_PATH_IMMUTABLE_MSG,
+                ".weightUpdate.sharedPath",
+            ),
         )
     }
 
@@ -337,7 +356,7 @@ class InferenceSpec(ApiModel):
     gpus_per_node: int = Field(default=8, ge=1, le=64, description="GPUs per node; a cell spans ceil(gpusPerEngine/gpusPerNode) pods. Immutable.")
     tensor_parallel_size: int | None = Field(default=None, ge=1, le=512, description="Defaults to min(gpusPerEngine, gpusPerNode).")
     pipeline_parallel_size: int | None = Field(default=None, ge=1, le=512, description="Defaults to the number of pods in a cell.")
-    port: int = Field(default=8000, ge=1, le=65535, description="Engine HTTP port.")
+    port: int = Field(default=8000, ge=1, le=65535, description="Engine HTTP port. Immutable.")
     engine_args: list[str] = Field(default_factory=list, max_length=MAX_ARGS, description="Extra engine command-line arguments.")
     env: list[EnvVar] = Field(default_factory=list, max_length=MAX_ENV, description="Extra engine environment.")
     resources: Resources = Field(default_factory=Resources, description="Engine container resources besides GPUs (GPUs come from gpusPerEngine).")
@@ -345,7 +364,7 @@ class InferenceSpec(ApiModel):
     pod_metadata: PodMetadata = Field(default_factory=PodMetadata, description="Extra labels/annotations on engine pods.")
     health_check: HealthCheckSpec = Field(default_factory=HealthCheckSpec, description="How engine health is probed.")
     restart_policy: RestartPolicySpec = Field(default_factory=RestartPolicySpec, description="How unhealthy cells are recreated, and how often at most.")
-    offload: OffloadSpec = Field(default_factory=OffloadSpec, description="Release engine memory during training (needed when spec.trainer.colocate is true).")
+    offload: OffloadSpec = Field(default_factory=OffloadSpec, description="Start engines able to release their GPU memory, for the controller API's offload/onload (a trainer of your own that shares their GPUs).")
     weight_update: WeightUpdateSpec = Field(default_factory=WeightUpdateSpec, description="How new weights reach the engines.")
     router: RouterSpec | None = Field(default=None, description="Optional external router; absent means clients use the <job>-engines Service.")
     eval: EvalFleetSpec | None = Field(default=None, description="Optional eval fleet pinned to a checkpoint.")
@@ -604,12 +623,21 @@ TRAINER_EXCLUSIVE_MSG = (
 )
 
 
+COLOCATE_REFUSED_MSG = (
+    "spec.trainer.colocate is deprecated and refused: trainer and engine pods each request their GPUs "
+    "exclusively, so they never share them and offloading the engines around training only stops their "
+    "generation; leave the field out and give the trainer GPUs of its own (spec.trainer.gpusPerReplica). "
+    "It is removed in rljob.io/v1alpha2 (rljob-operator 0.2.0)"
+)
+
+
 class TrainerSpec(ApiModel):
     """The trainer workload: pods the operator creates (torchrun-style env injected), or a reference to one you run."""
 
     model_config = ApiModel.model_config | {
         "json_schema_extra": cel(
             ("!(has(self.workloadRef) && has(self.command))", TRAINER_EXCLUSIVE_MSG, ".workloadRef"),
+            ("!self.colocate", COLOCATE_REFUSED_MSG, ".colocate"),
         )
     }
 
@@ -623,7 +651,13 @@ class TrainerSpec(ApiModel):
     placement: Placement = Field(default_factory=Placement, description="nodeSelector, tolerations, affinity, priorityClassName of trainer pods.")
     pod_metadata: PodMetadata = Field(default_factory=PodMetadata, description="Extra labels/annotations on trainer pods.")
     service_account_name: str | None = Field(default=None, max_length=MAX_NAME, description="ServiceAccount of trainer pods; it must be allowed `update` on rljobs/control.")
-    colocate: bool = Field(default=False, description="Trainer shares GPUs with engines; requires spec.inference.offload.enabled.")
+    colocate: bool = Field(
+        default=False,
+        description=(
+            "Deprecated, and refused when true: it never made the trainer share the engines' GPUs (each pod "
+            "requests its GPUs exclusively). Removed in rljob.io/v1alpha2 (rljob-operator 0.2.0)."
+        ),
+    )
     reference: ReferenceTrainerSpec = Field(default_factory=ReferenceTrainerSpec, description="Settings of the bundled reference trainer.")
     workload_ref: WorkloadRef | None = Field(default=None, description="A trainer workload you run yourself (then no trainer pods are created).")
     max_restarts: int = Field(
@@ -651,13 +685,11 @@ class TrainerSpec(ApiModel):
     def _one_trainer(self) -> TrainerSpec:
         if self.workload_ref is not None and self.command is not None:
             raise ValueError(TRAINER_EXCLUSIVE_MSG)
+        if self.colocate:
+            raise ValueError(COLOCATE_REFUSED_MSG)
         return self
 
 
-COLOCATE_NEEDS_OFFLOAD_MSG = (
-    "spec.trainer.colocate requires spec.inference.offload.enabled: true "
-    "(engines must release GPU memory while the trainer uses the same GPUs)"
-)
 GRPO_GROUP_MSG = (
     "spec.rollout.sampling.nSamplesPerPrompt must be at least 2 for the reference GRPO trainer "
     "(advantages are normalised within each prompt's group, a group of one never learns); "
@@ -684,7 +716,6 @@ class RLJobSpec(ApiModel):
 
     model_config = ApiModel.model_config | {
         "json_schema_extra": cel(
-            ("!self.trainer.colocate || self.inference.offload.enabled", COLOCATE_NEEDS_OFFLOAD_MSG, ".trainer.colocate"),
             ("has(self.rollout) || has(self.trainer.workloadRef)", ROLLOUT_NEEDED_MSG, ".rollout"),
             ("has(self.rollout) == has(oldSelf.rollout)", ROLLOUT_PRESENCE_IMMUTABLE_MSG, ".rollout"),
             (
@@ -720,8 +751,6 @@ class RLJobSpec(ApiModel):
 
     @model_validator(mode="after")
     def _coherent(self) -> RLJobSpec:
-        if self.trainer.colocate and not self.inference.offload.enabled:
-            raise ValueError(COLOCATE_NEEDS_OFFLOAD_MSG)
         if self.rollout is None:
             if self.trainer.workload_ref is None:
                 raise ValueError(ROLLOUT_NEEDED_MSG)
@@ -769,6 +798,12 @@ class RLJobSpec(ApiModel):
             raise ValueError(GPUS_PER_ENGINE_IMMUTABLE_MSG)
         if self.inference.gpus_per_node != old.inference.gpus_per_node:
             raise ValueError(GPUS_PER_NODE_IMMUTABLE_MSG)
+        if self.inference.port != old.inference.port:
+            raise ValueError(PORT_IMMUTABLE_MSG)
+        if self.inference.weight_update.method != old.inference.weight_update.method:
+            raise ValueError(WEIGHT_METHOD_IMMUTABLE_MSG)
+        if self.inference.weight_update.shared_path != old.inference.weight_update.shared_path:
+            raise ValueError(SHARED_PATH_IMMUTABLE_MSG)
         if (self.rollout is None) != (old.rollout is None):
             raise ValueError(ROLLOUT_PRESENCE_IMMUTABLE_MSG)
 

@@ -31,6 +31,7 @@ from rljob_operator.interned import interned
 from rljob_operator.kinds import GROUP, PLURAL, VERSION
 from rljob_operator.kubeapi import KubeApi
 from rljob_operator.kubeconn import connection_info
+from rljob_operator.manifests import PolicyPeers
 from rljob_operator.metrics import Metrics
 from rljob_operator.pod_cache import EnginePodCache
 from rljob_operator.reconcile.job_runtime import JobRuntime
@@ -60,6 +61,11 @@ class OperatorContext:
     delivered: dict[tuple[str, str], Delivered] = field(default_factory=dict)  # the relist reads it
     engine_http: aiohttp.ClientSession | None = None  # every job's engine probes and calls (main)
     events: EventSink | None = None  # where Events go (main: a pool apart from `kube`); None: `kube`
+
+
+def policy_peers(s: OperatorSettings) -> PolicyPeers:
+    """Who each job's NetworkPolicies admit besides its own pods: this operator and the scraper."""
+    return PolicyPeers(s.effective_operator_namespace, s.metrics_scraper_namespace, s.metrics_scraper_pod_labels)
 
 
 def kopf_settings(s: OperatorSettings) -> kopf.OperatorSettings:
@@ -172,6 +178,7 @@ async def run_rljob(body: kopf.Body, stopped: kopf.DaemonStopped, memo: Any, **_
         events=ctx.events,
         child_versions=ctx.children,
         children_resync_seconds=ctx.settings.children_resync_seconds,
+        peers=policy_peers(ctx.settings),
     )
     ctx.runtimes[key] = rt
     try:

@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 ENV_PREFIX = "RLJOB_OPERATOR_"
+# `k=v,k=v`: label keys (with an optional DNS prefix) and values, comma-separated.
+LABELS_PATTERN = r"^([A-Za-z0-9./_-]+=[A-Za-z0-9._-]*(,[A-Za-z0-9./_-]+=[A-Za-z0-9._-]*)*)?$"
 
 
 def default_identity() -> str:
@@ -44,6 +46,9 @@ class OperatorSettings(BaseModel):
     renew_deadline_seconds: float = Field(10.0, gt=0, description="The leader stops acting if it could not renew for this long.")
     retry_period_seconds: float = Field(2.0, gt=0, description="How often the lease is renewed or tried.")
 
+    operator_namespace: str = Field("", max_length=63, description="The operator's namespace, whose operator pods each job's engine NetworkPolicy admits; defaults to POD_NAMESPACE, else the lease namespace.")
+    metrics_scraper_namespace: str = Field("", max_length=63, description="Namespace of the Prometheus that scrapes the jobs' pods; each job's NetworkPolicies admit it to the metrics ports (empty: none).")
+    metrics_scraper_labels: str = Field("", pattern=LABELS_PATTERN, description="Pod labels of that Prometheus, `k=v,k=v` (empty: every pod of its namespace).")
     controller_url: str = Field("", description="URL executor and trainer pods use to reach the controller API; defaults to http://rljob-operator.<ns>.svc:<port>.")
     resync_seconds: float = Field(10.0, gt=0, description="Upper bound between two reconcile passes of one job.")
     relist_seconds: float = Field(30.0, gt=0, description="How often one LIST of RLJobs makes up for watch events kopf lost (a new job, a spec edit, a deletion).")
@@ -82,6 +87,16 @@ class OperatorSettings(BaseModel):
             return self.namespaces[0]
         return os.environ.get("POD_NAMESPACE", "default")
 
+    @property
+    def effective_operator_namespace(self) -> str:
+        return self.operator_namespace or os.environ.get("POD_NAMESPACE", "") or self.effective_lease_namespace
+
+    @property
+    def metrics_scraper_pod_labels(self) -> dict[str, str]:
+        """`metrics_scraper_labels` as a dict."""
+        pairs = (kv.split("=", 1) for kv in self.metrics_scraper_labels.split(",") if kv)
+        return {k: v for k, v in pairs}
+
     def watches(self, namespace: str) -> bool:
         return self.all_namespaces or namespace in self.namespaces
 
@@ -97,6 +112,9 @@ _FLAGS: dict[str, str | tuple[str, ...]] = {
     "lease_duration_seconds": "--lease-duration",
     "renew_deadline_seconds": "--renew-deadline",
     "retry_period_seconds": "--retry-period",
+    "operator_namespace": "--operator-namespace",
+    "metrics_scraper_namespace": "--metrics-scraper-namespace",
+    "metrics_scraper_labels": "--metrics-scraper-labels",
     "controller_url": "--controller-url",
     "resync_seconds": "--resync",
     "relist_seconds": "--relist",

@@ -21,6 +21,8 @@ COMBINATIONS: dict[str, list[str]] = {
     "namespace-scope": ["--set", "scope=namespace", "--set", "watchNamespaces={team-a,team-b}"],
     "single-replica-servicemonitor": ["--set", "replicaCount=1", "--set", "serviceMonitor.enabled=true"],
     "monitoring": ["--set", "replicaCount=1", "--set", "prometheusRule.enabled=true", "--set", "grafanaDashboard.enabled=true"],
+    "job-metrics": ["--set", "jobMetrics.podMonitors.enabled=true", "--set", "jobMetrics.scraper.namespace=monitoring",
+                    "--set", "jobMetrics.scraper.podLabels.app\\.kubernetes\\.io/name=prometheus"],
     "existing-serviceaccount": ["--set", "serviceAccount.create=false", "--set", "serviceAccount.name=ops", "--set", "controlRole.create=false"],
 }
 
@@ -101,6 +103,8 @@ def test_rbac_is_least_privilege(helm: str) -> None:
         (["--set", "image.pullPolicy=Sometimes"], "pullPolicy"),
         (["--set", "metrics.port=http"], "port"),
         (["--set", "replicas=3"], "replicas"),
+        (["--set", "jobMetrics.scraper.namespace=Monitoring_NS"], "namespace"),
+        (["--set", "jobMetrics.podMonitors.interval=often"], "interval"),
     ],
 )
 def test_bad_values_fail_with_the_field_named(helm: str, args: list[str], field: str) -> None:
@@ -138,3 +142,48 @@ def test_pod_template_annotations_stay_strings_when_the_checksum_is_all_digits(h
     annotations = deploy["spec"]["template"]["metadata"]["annotations"]
     assert all(isinstance(v, str) for v in annotations.values()), annotations
     assert annotations["seed"] == "1437"
+
+
+JOB_METRICS = ["--set", "jobMetrics.podMonitors.enabled=true", "--set", "jobMetrics.scraper.namespace=monitoring",
+               "--set", "jobMetrics.scraper.podLabels.app\\.kubernetes\\.io/name=prometheus"]  # fmt: skip
+
+
+def _job_pod_ports() -> dict[str, set[str]]:
+    """{role: names of the metrics-serving ports} of the pods the operator builds for a job."""
+    from rljob_operator.manifests import engine_pods, executor_deployment, trainer_workload
+
+    from controller_runtime.ports import CellRequest
+
+    job = yaml.safe_load((ROOT / "tests" / "unit" / "golden" / "jobs" / "gpu-4x2.yaml").read_text())
+    engine = engine_pods(job, CellRequest(name="gpu-4x2-cell-0", index=0, generation=0))[0]["spec"]
+    executor = executor_deployment(job, "http://op:8080")["spec"]["template"]["spec"]
+    trainer = next(o for o in trainer_workload(job, "http://op:8080") if o["kind"] == "Job")["spec"]["template"]["spec"]
+    return {role: {p["name"] for p in spec["containers"][0]["ports"]}
+            for role, spec in (("engine", engine), ("rollout", executor), ("trainer", trainer))}  # fmt: skip
+
+
+def test_pod_monitors_are_off_by_default_and_scrape_each_kind_of_job_pod_on_a_port_it_declares(helm: str) -> None:
+    assert "PodMonitor" not in {d["kind"] for d in _docs(helm)}
+    monitors = {d["metadata"]["name"]: d for d in _docs(helm, *JOB_METRICS) if d["kind"] == "PodMonitor"}
+    assert set(monitors) == {"rljob-rljob-operator-executor", "rljob-rljob-operator-trainer", "rljob-rljob-operator-engines"}
+    ports = _job_pod_ports()
+    for m in monitors.values():
+        labels = m["spec"]["selector"]["matchLabels"]
+        (endpoint,) = m["spec"]["podMetricsEndpoints"]
+        assert labels["app.kubernetes.io/managed-by"] == "rljob-operator"
+        assert endpoint["port"] in ports[labels["rljob.io/role"]] and endpoint["path"] == "/metrics"
+        assert m["spec"]["namespaceSelector"] == {"any": True}
+    assert monitors["rljob-rljob-operator-engines"]["spec"]["selector"]["matchLabels"]["rljob.io/pod-index"] == "0"
+    scoped = _docs(helm, *JOB_METRICS, "--set", "scope=namespace", "--set", "watchNamespaces={team-a,team-b}")
+    assert {str(d["spec"]["namespaceSelector"]) for d in scoped if d["kind"] == "PodMonitor"} == {"{'matchNames': ['team-a', 'team-b']}"}
+
+
+def test_the_operator_is_told_its_namespace_and_the_scraper_its_job_policies_admit(helm: str) -> None:
+    from rljob_operator.handlers import policy_peers
+    from rljob_operator.manifests import PolicyPeers
+    from rljob_operator.settings import load_settings
+
+    for extra, scraper in (([], ("", {})), (JOB_METRICS, ("monitoring", {"app.kubernetes.io/name": "prometheus"}))):
+        deploy = next(d for d in _docs(helm, *extra) if d["kind"] == "Deployment")
+        args = deploy["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert policy_peers(load_settings(args, env={})) == PolicyPeers("rljob-system", *scraper)

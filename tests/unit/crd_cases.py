@@ -91,7 +91,13 @@ INVALID = [
         "spec.trainer.workloadRef",
         S.TRAINER_EXCLUSIVE_MSG,
     ),
-    Case("colocate-without-offload", {"spec.trainer.colocate": True}, "spec.trainer.colocate", S.COLOCATE_NEEDS_OFFLOAD_MSG),
+    Case("colocate", {"spec.trainer.colocate": True}, "spec.trainer.colocate", S.COLOCATE_REFUSED_MSG),
+    Case(
+        "colocate-with-offload",
+        {"spec.trainer.colocate": True, "spec.inference.offload": {"enabled": True}},
+        "spec.trainer.colocate",
+        S.COLOCATE_REFUSED_MSG,
+    ),
     Case(
         "grpo-group-of-one",
         {"spec.rollout.sampling.nSamplesPerPrompt": 1},
@@ -154,7 +160,7 @@ VALID_EDITS = {
     "nccl-on-gpu-engines": {"spec.inference.weightUpdate.method": "nccl", "spec.inference.weightUpdate.transferTimeoutSeconds": 30},
     "tp-times-pp": {"spec.inference.gpusPerEngine": 16, "spec.inference.tensorParallelSize": 8, "spec.inference.pipelineParallelSize": 2},
     "offload-disabled-without-tags": {"spec.inference.offload": {"enabled": False, "tags": []}},
-    "colocate-with-offload": {"spec.trainer.colocate": True, "spec.inference.offload": {"enabled": True}},
+    "colocate-false-with-offload": {"spec.trainer.colocate": False, "spec.inference.offload": {"enabled": True}},
     "reinforce-group-of-one": {"spec.rollout.sampling.nSamplesPerPrompt": 1, "spec.trainer.reference.algorithm": "reinforce"},
     "own-trainer-group-of-one": {"spec.rollout.sampling.nSamplesPerPrompt": 1, "spec.trainer.command": ["python", "t.py"]},
     "workload-ref-only": {
@@ -185,6 +191,19 @@ IMMUTABLE = [
         S.GPUS_PER_ENGINE_IMMUTABLE_MSG,
     ),
     Case("gpus-per-node-changed", {"spec.inference.gpusPerNode": 4}, "spec.inference.gpusPerNode", S.GPUS_PER_NODE_IMMUTABLE_MSG),
+    Case("port-changed", {"spec.inference.port": 8001}, "spec.inference.port", S.PORT_IMMUTABLE_MSG),
+    Case(
+        "weight-method-changed",
+        {"spec.inference.weightUpdate.method": "nccl"},
+        "spec.inference.weightUpdate.method",
+        S.WEIGHT_METHOD_IMMUTABLE_MSG,
+    ),
+    Case(
+        "shared-path-changed",
+        {"spec.inference.weightUpdate.sharedPath": "/weights"},
+        "spec.inference.weightUpdate.sharedPath",
+        S.SHARED_PATH_IMMUTABLE_MSG,
+    ),
     Case("model-changed", {"spec.model.pvc.subPath": "Llama-3.1-8B"}, "spec.model", S.MODEL_IMMUTABLE_MSG),
     Case("model-tokenizer-changed", {"spec.model.tokenizer": "/models/tok"}, "spec.model", S.MODEL_IMMUTABLE_MSG),
     Case(
@@ -210,6 +229,10 @@ MUTABLE_EDITS = {
     "suspend": {"spec.suspend": True},
     "more-steps": {"spec.trainer.reference.steps": 1000},
     "engine-written-as-its-default": {"spec.inference.gpusPerNode": 8},
+    "port-written-as-its-default": {"spec.inference.port": 8000},
+    "engine-image": {"spec.inference.image": "vllm/vllm-openai:v0.33.0"},
+    "health-check": {"spec.inference.healthCheck": {"intervalSeconds": 10, "failureThreshold": 5}},
+    "lock-timeout": {"spec.inference.weightUpdate.lockTimeoutSeconds": 900},
 }
 
 

@@ -258,6 +258,7 @@ def test_every_spec_field_survives_pruning(schema: dict[str, Any]) -> None:
     raw["rollout"]["reward"]["function"] = "module:function"
     raw["inference"]["engine"] = "sglang"  # a name of the engine table (the field is a str checked against it)
     del raw["trainer"]["command"]  # exclusive with workloadRef
+    raw["trainer"]["colocate"] = False  # refused when true
     raw["trainer"]["reference"]["offPolicy"]["tisCap"] = 2.0  # the sample's 0.5 is below the cap's minimum of 1
     wire = RLJobSpec.model_validate(raw).to_wire()
     assert pruned_paths(wire, schema["properties"]["spec"], "spec") == []

@@ -10,6 +10,7 @@ from typing import Any
 from rljob_operator.child_versions import MAX_AGE_SECONDS, WATCHED_KINDS, ChildVersions
 from rljob_operator.conditions import find
 from rljob_operator.job_gauges import job_samples
+from rljob_operator.manifests import PolicyPeers
 from rljob_operator.metrics import Metrics
 from rljob_operator.reconcile.job_runtime import JobRuntime
 from rljob_operator.registry import VERB_PUBLISHES, JobRegistry
@@ -943,3 +944,18 @@ async def test_a_jobs_events_wait_while_its_status_write_is_out():
     await rt.recorder.flush()
     assert order == ["patch sent", "patch answered", "event"]
     await rt.recorder.close()
+
+
+async def test_the_operators_peers_reach_the_applied_network_policies():
+    """The chart's operator namespace and scraper (the operator's settings) are in what is applied."""
+    body = rljob()
+    kube = FakeKube(body)
+    kube.platform = FakePlatform()
+    rt = JobRuntime(body=body, kube=kube, platform=kube.platform, registry=JobRegistry(), metrics=Metrics(),
+                    controller_url="http://op:8080", resync_seconds=5, clock=FakeClock(), engines=FakeEngines(),
+                    peers=PolicyPeers("ops", "monitoring"))
+    await rt.run_pass()
+    namespaces = {peer["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]
+                  for o in kube.applied if o["kind"] == "NetworkPolicy"
+                  for rule in o["spec"]["ingress"] for peer in rule["from"] if "namespaceSelector" in peer}
+    assert namespaces == {"ops", "monitoring"}

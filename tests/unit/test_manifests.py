@@ -528,17 +528,18 @@ def test_relative_model_path_is_passed_through_without_a_volume() -> None:
     assert "volumes" not in executor_deployment(j, URL)["spec"]["template"]["spec"]
 
 
-def test_trainer_is_told_the_engine_pause_mode_and_offload_tags_only_when_colocated() -> None:
+def test_trainer_is_told_the_engine_pause_mode_and_no_offload_tags() -> None:
+    """Trainer pods never share the engines' GPUs (spec.trainer.colocate is refused): no offload around training."""
     j = job("sglang-offload")
-    j["spec"]["trainer"] = {"replicas": 1, "gpusPerReplica": 8, "colocate": True}
+    j["spec"]["trainer"] = {"replicas": 1, "gpusPerReplica": 8}
     _, tj = trainer_workload(j, URL)
     env = env_of(container(tj["spec"]["template"]))
     assert env["RLJOB_ENGINE"] == "sglang"
     assert env["RLJOB_PAUSE_MODE"] == JobView.of(j).spec.inference.weight_update.pause_mode
-    assert set(env["RLJOB_OFFLOAD_TAGS"].split(",")) == {str(t) for t in JobView.of(j).spec.inference.offload.tags}
-    j["spec"]["trainer"]["colocate"] = False
-    _, tj = trainer_workload(j, URL)
-    assert env_of(container(tj["spec"]["template"]))["RLJOB_OFFLOAD_TAGS"] == ""
+    assert env["RLJOB_OFFLOAD_TAGS"] == ""
+    j["spec"]["trainer"]["colocate"] = True
+    with pytest.raises(ValueError, match=r"spec\.trainer\.colocate is deprecated"):
+        trainer_workload(j, URL)
 
 
 def test_executor_pods_carry_the_users_pod_metadata_but_not_over_operator_labels() -> None:

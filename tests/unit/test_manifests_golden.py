@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 from rljob_operator.manifests import (
+    PolicyPeers,
     cells_headless_service,
     engine_pods,
     engines_service,
@@ -32,6 +33,8 @@ JOBS = GOLDEN / "jobs"
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 CONTROLLER_URL = "http://rljob-operator.rljob-system.svc:8443"
 # The two shipped examples, a multi-node cell (16 GPUs per engine, 8 per node) and SGLang with offload.
+# The operator in rljob-system and a Prometheus in monitoring, as the chart passes them.
+PEERS = PolicyPeers("rljob-system", "monitoring", {"app.kubernetes.io/name": "prometheus"})
 CASES = ["tiny-cpu", "llama-8b-8gpu", "multinode-vllm", "sglang-offload"]
 
 
@@ -61,7 +64,7 @@ def render_all(job: dict[str, Any]) -> list[dict[str, Any]]:
     rc = ray_cluster(job)
     if rc is not None:
         docs.append(rc)
-    return docs + network_policies(job)
+    return docs + network_policies(job, PEERS)
 
 
 class _NoAliasDumper(yaml.SafeDumper):

@@ -54,3 +54,17 @@ def test_every_alert_has_one_readme_row_with_its_severity_and_for() -> None:
     table = {r["alert"]: (r["labels"]["severity"], r["for"]) for g in rules["groups"] for r in g["rules"]}
     rows = re.findall(r"^\| `(RLJob\w+)` \| (\w+) \| (\w+) \|", _section("## Metrics"), re.M)
     assert len(rows) == len(table) and {a: (sev, f) for a, sev, f in rows} == table
+
+
+def test_every_event_reason_has_a_troubleshooting_entry() -> None:
+    """Events are what `kubectl describe rlj` shows: each reason the controller or the operator
+    records is explained in the README (the operator's are string literals of `recorder.record`)."""
+    from controller_runtime.events import Reason
+
+    operator = Path(__file__).resolve().parents[2] / "operator" / "rljob_operator"
+    literal = re.compile(r'recorder\.record\(\s*"(?:Normal|Warning)",\s*"(\w+)"')
+    reasons = {v for k, v in vars(Reason).items() if not k.startswith("_")}
+    reasons |= {r for path in operator.rglob("*.py") for r in literal.findall(path.read_text())}
+    assert {"TTLExpired", "TrainerRecreated", "CellCreated"} <= reasons
+    section = _section("## Troubleshooting")
+    assert sorted(r for r in reasons if f"`{r}`" not in section) == []

@@ -8,7 +8,7 @@ and returns manifests owned by it (controller owner reference), with determinist
 from rljob_operator.manifests.engine import engine_command, engine_pods, parallel_sizes
 from rljob_operator.manifests.executor import executor_deployment, executor_service, rollout_address
 from rljob_operator.manifests.job import JobView
-from rljob_operator.manifests.netpol import network_policies
+from rljob_operator.manifests.netpol import PolicyPeers, network_policies
 from rljob_operator.manifests.rayauth import ray_auth_secret
 from rljob_operator.manifests.raycluster import ray_cluster
 from rljob_operator.manifests.services import cells_headless_service, engines_service, engines_url
@@ -16,6 +16,7 @@ from rljob_operator.manifests.trainer import trainer_workload
 
 __all__ = [
     "JobView",
+    "PolicyPeers",
     "cells_headless_service",
     "engine_command",
     "engine_pods",

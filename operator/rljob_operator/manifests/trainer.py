@@ -51,6 +51,8 @@ from rljob_operator.names import trainer_name
 
 CONTAINER = "trainer"
 MASTER_PORT = 29500
+# Each rank serves its Prometheus metrics here (the reference trainer reads RLJOB_TRAINER_METRICS_PORT).
+METRICS_PORT = 9464
 TRAINER_MODULE = "rljob_client.trainer"
 
 
@@ -99,6 +101,7 @@ def _env(view: JobView, controller_url: str) -> list[dict[str, Any]]:
         env_value("RLJOB_ENGINE", str(view.spec.inference.engine)),
         env_value("RLJOB_PAUSE_MODE", str(wu.pause_mode)),
         env_value("RLJOB_READY_TIMEOUT_SECONDS", f"{wu.ready_timeout_seconds:g}"),
+        env_value("RLJOB_TRAINER_METRICS_PORT", str(METRICS_PORT)),
         env_value("RLJOB_OVERLAP", "1" if view.spec.overlaps_generation else "0"),
         # Offload around training only when the trainer shares the engines' GPUs (colocated).
         env_value("RLJOB_OFFLOAD_TAGS", ",".join(str(tag) for tag in view.spec.inference.offload.tags) if t.colocate else ""),
@@ -135,7 +138,10 @@ def trainer_job(view: JobView, controller_url: str, attempt: int = 0) -> dict[st
         "image": t.image,
         "command": command,
         "env": _env(view, controller_url),
-        "ports": [{"name": "master", "containerPort": MASTER_PORT, "protocol": "TCP"}],
+        "ports": [
+            {"name": "master", "containerPort": MASTER_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
+        ],
         "volumeMounts": mounts,
         "securityContext": restricted_container(),
     }

@@ -40,6 +40,7 @@ from rljob_operator.child_versions import fingerprint
 from rljob_operator.kubeapi import Invalid, KubeApiError
 from rljob_operator.kueue import FlavorPlacement, placement_with
 from rljob_operator.manifests import (
+    PolicyPeers,
     cells_headless_service,
     engines_service,
     executor_deployment,
@@ -104,6 +105,7 @@ def desired_children(
     controller_url: str,
     flavors: Mapping[str, Sequence[FlavorPlacement]] | None = None,
     trainer_attempt: int = 0,
+    peers: PolicyPeers | None = None,
 ) -> list[dict[str, Any]]:
     """Every child object of the job except engine pods (the controller owns those).
 
@@ -122,7 +124,7 @@ def desired_children(
         engines_service(view),
         *executor,
         *trainer_workload(view, controller_url, trainer_attempt),
-        *network_policies(view),
+        *network_policies(view, peers),
     ]
     rc = ray_cluster(view)
     if rc is not None:
@@ -173,13 +175,13 @@ async def ensure_children(
     if applied is None or applied.generation != generation:
         if spec.rollout is not None:  # no executor, no Ray, no token
             await ensure_ray_auth_secret(job, job_object)  # before anything that mounts it
-        objs = desired_children(job_object, controller_url, flavors, attempt)
+        objs = desired_children(job_object, controller_url, flavors, attempt, job.peers)
         await asyncio.gather(*(apply_child(job, obj) for obj in objs))
         applied = Applied(generation, now, noted)
     elif now - applied.at >= job.children_resync_seconds and (
         now - applied.at >= CHILDREN_RESYNC_OVERDUE_SECONDS or not job.kube.has_work_waiting()
     ):
-        objs = desired_children(job_object, controller_url, flavors, attempt)
+        objs = desired_children(job_object, controller_url, flavors, attempt, job.peers)
         await asyncio.gather(*(reapply_if_drifted(job, obj) for obj in objs))
         applied = Applied(generation, now, noted)
     elif applied.backoff_noted != noted:

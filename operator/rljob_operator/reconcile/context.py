@@ -8,13 +8,14 @@ each other's and the runtime sits on top of them all.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from controller_runtime.clock import Clock
 from rljob_operator.child_versions import ChildVersions
 from rljob_operator.event_recorder import EventRecorder, EventSink
 from rljob_operator.kinds import API_VERSION, KIND
+from rljob_operator.manifests import PolicyPeers
 
 # How often a job's children are checked against what was applied (`--children-resync`).
 CHILDREN_RESYNC_SECONDS = 30.0
@@ -65,6 +66,7 @@ class JobContext:
     resync_seconds: float
     children: ChildVersions | None = None  # the children's versions as watched; None: the resync reads each
     children_resync_seconds: float = CHILDREN_RESYNC_SECONDS
+    peers: PolicyPeers = field(default_factory=PolicyPeers)  # who the job's NetworkPolicies admit besides its pods
 
     @property
     def key(self) -> str:

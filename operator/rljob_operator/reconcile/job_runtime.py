@@ -31,6 +31,7 @@ from controller_runtime.ports import EngineClientFactory, Platform
 from rljob_operator.api_pool import in_pass
 from rljob_operator.child_versions import ChildVersions
 from rljob_operator.event_recorder import EventRecorder, EventSink
+from rljob_operator.manifests import PolicyPeers
 from rljob_operator.metrics import Metrics
 from rljob_operator.pod_cache import object_version
 from rljob_operator.reconcile import children, lifecycle, queueing
@@ -112,6 +113,7 @@ class JobRuntime:
         events: EventSink | None = None,
         child_versions: ChildVersions | None = None,
         children_resync_seconds: float = CHILDREN_RESYNC_SECONDS,
+        peers: PolicyPeers | None = None,
     ) -> None:
         meta = body.get("metadata") or {}
         self.watched = body  # kopf's live view: spec/metadata change under us as the watch sees them
@@ -127,7 +129,7 @@ class JobRuntime:
         uid = meta.get("uid", "")
         recorder = EventRecorder(events or kube, involved_object(self.namespace, self.name, uid), clock)
         self.job = JobContext(self.namespace, self.name, uid, kube, recorder, clock, resync_seconds,
-                              child_versions, children_resync_seconds)  # fmt: skip
+                              child_versions, children_resync_seconds, peers or PolicyPeers())  # fmt: skip
         self.fleet = EngineFleet(
             job=self.job, platform=platform, registry=registry, metrics=metrics, handle=self, wake=self.poke,
             engines=engines, generation=self.generation, session=session,

@@ -2,8 +2,9 @@
 
 - Suspend (`spec.suspend: true`, Kueue-compatible): the controller stops, every engine pod is
   deleted, and the trainer Job is suspended through its own `spec.suspend` (applied by the
-  children step, the Job controller deletes its pods). The RLJob, its Services and the
-  executor stay. The pass waits until no engine pod is left before it reports the job fully
+  children step, the Job controller deletes its pods); the executor Deployment goes to 0
+  replicas and the RayCluster is suspended (their builders read `spec.suspend`). The RLJob
+  and its Services stay. The pass waits until no engine pod is left before it reports the job fully
   suspended, so a quick resume never races terminating pods of the same generation.
 - Resume: the controller is rebuilt from status; its cells were cleared while suspended, so
   fresh cells start; because a weight version was recorded they wait in PendingWeights for
