@@ -64,7 +64,7 @@ def _executor_replicas_when_suspended() -> int:
 
 def _engine_command() -> str:
     """Pod 0's command line, joined (a multi-node cell's is one shell script)."""
-    cell = CellRequest(name="multinode-vllm-cell-0", index=0, generation=0, pods=2)
+    cell = CellRequest(name="multinode-vllm-cell-0", index=0, generation=0)
     c = engine_pods(_job(), cell)[0]["spec"]["containers"][0]
     return " ".join([*c.get("command", []), *c.get("args", [])])
 
