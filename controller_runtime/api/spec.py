@@ -21,6 +21,17 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from controller_runtime.api.base import ApiModel
+from controller_runtime.api.podtemplate import (
+    DEFAULT_GPU_RESOURCE,
+    GPU_RESOURCE_PATTERN,
+    K8S_SCHEMA,
+    OWNED,
+    PodTemplate,
+    cel_rules,
+    env_conflict,
+    env_rule,
+    template_conflict,
+)
 
 CEL = "x-kubernetes-validations"
 
@@ -209,10 +220,21 @@ class Toleration(ApiModel):
 
 
 class EnvVar(ApiModel):
-    """A plain environment variable."""
+    """An environment variable: a value, or one read from a Secret, ConfigMap or the pod (valueFrom)."""
 
     name: str = Field(min_length=1, max_length=MAX_NAME, description="Variable name.")
-    value: str = Field(default="", description="Variable value.")
+    value: str = Field(default="", max_length=32768, description="Variable value.")
+    value_from: dict[str, Any] | None = Field(
+        default=None,
+        json_schema_extra={K8S_SCHEMA: "EnvVarSource", "type": "object"},
+        description="A Kubernetes EnvVarSource: secretKeyRef, configMapKeyRef, fieldRef or resourceFieldRef (e.g. HF_TOKEN from a Secret).",
+    )
+
+    def to_pod(self) -> dict[str, Any]:
+        """The Pod spec's env entry."""
+        if self.value_from is not None:
+            return {"name": self.name, "valueFrom": self.value_from}
+        return {"name": self.name, "value": self.value}
 
 
 class Resources(ApiModel):
@@ -301,6 +323,8 @@ class InferenceSpec(ApiModel):
             ("self.engine == oldSelf.engine", ENGINE_IMMUTABLE_MSG, ".engine"),
             ("self.gpusPerEngine == oldSelf.gpusPerEngine", GPUS_PER_ENGINE_IMMUTABLE_MSG, ".gpusPerEngine"),
             ("self.gpusPerNode == oldSelf.gpusPerNode", GPUS_PER_NODE_IMMUTABLE_MSG, ".gpusPerNode"),
+            *cel_rules(OWNED["inference"]),
+            env_rule("inference"),
         )
     }
 
@@ -317,6 +341,18 @@ class InferenceSpec(ApiModel):
     resources: Resources = Field(default_factory=Resources, description="Engine container resources besides GPUs (GPUs come from gpusPerEngine).")
     placement: Placement = Field(default_factory=Placement, description="nodeSelector, tolerations, affinity, priorityClassName of engine pods.")
     pod_metadata: PodMetadata = Field(default_factory=PodMetadata, description="Extra labels/annotations on engine pods.")
+    gpu_resource: str = Field(
+        default=DEFAULT_GPU_RESOURCE, min_length=1, max_length=MAX_NAME, pattern=GPU_RESOURCE_PATTERN,
+        description="Extended resource name of a GPU on your nodes, e.g. nvidia.com/gpu or amd.com/gpu.",
+    )
+    template: PodTemplate | None = Field(
+        default=None,
+        description=(
+            "A pod template merged into the engine pods the operator builds (volumes, sidecars, init containers, "
+            "imagePullSecrets, securityContext, envFrom...); env, resources, placement and podMetadata are shorthands merged before it. "
+            "Fields the operator owns are refused."
+        ),
+    )
     health_check: HealthCheckSpec = Field(default_factory=HealthCheckSpec, description="How engine health is probed.")
     restart_policy: RestartPolicySpec = Field(default_factory=RestartPolicySpec, description="How unhealthy cells are recreated, and how often at most.")
     offload: OffloadSpec = Field(default_factory=OffloadSpec, description="Release engine memory during training (needed when spec.trainer.colocate is true).")
@@ -345,6 +381,9 @@ class InferenceSpec(ApiModel):
             raise ValueError(TP_DIVIDES_MSG)
         if self.weight_update.method == WeightUpdateMethod.nccl and gpus == 0:
             raise ValueError(NCCL_NEEDS_GPUS_MSG)
+        conflict = env_conflict("inference", self.env) or template_conflict(OWNED["inference"], self.template, self.gpu_resource)
+        if conflict:
+            raise ValueError(conflict)
         return self
 
 
@@ -454,6 +493,8 @@ class PolicyEvalSpec(ApiModel):
 class RolloutSpec(ApiModel):
     """The RolloutExecutor: generation against the serving engines, scoring, batches for the trainers."""
 
+    model_config = ApiModel.model_config | {"json_schema_extra": cel(*cel_rules(OWNED["rollout"]))}
+
     image: str = Field(default="ghcr.io/rljob/rollout-executor:0.1.0", min_length=1, max_length=MAX_IMAGE, description="RolloutExecutor image.")
     resources: Resources = Field(default_factory=Resources, description="Executor container resources.")
     pod_metadata: PodMetadata = Field(default_factory=PodMetadata, description="Extra labels/annotations on executor pods.")
@@ -466,6 +507,21 @@ class RolloutSpec(ApiModel):
     on_weight_update: OnWeightUpdate = Field(default=OnWeightUpdate.drain, description="drain: finish in-flight requests first; abort: abort and retry them on the new weights.")
     ray_cluster: RayClusterSpec | None = Field(default=None, description="Optional KubeRay RayCluster for the executor.")
     eval: PolicyEvalSpec | None = Field(default=None, description="Evaluate the policy every N steps (pass@1 and mean reward on an eval set).")
+    template: PodTemplate | None = Field(
+        default=None,
+        description=(
+            "A pod template merged into the executor pods the operator builds (volumes, sidecars, init containers, "
+            "imagePullSecrets, securityContext, envFrom...); resources and podMetadata are shorthands merged before it. "
+            "Fields the operator owns are refused."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _template_leaves_the_operators_fields(self) -> RolloutSpec:
+        conflict = template_conflict(OWNED["rollout"], self.template, None)
+        if conflict:
+            raise ValueError(conflict)
+        return self
 
 
 class OffPolicyMode(StrEnum):
@@ -584,6 +640,8 @@ class TrainerSpec(ApiModel):
     model_config = ApiModel.model_config | {
         "json_schema_extra": cel(
             ("!(has(self.workloadRef) && has(self.command))", TRAINER_EXCLUSIVE_MSG, ".workloadRef"),
+            *cel_rules(OWNED["trainer"]),
+            env_rule("trainer"),
         )
     }
 
@@ -596,6 +654,18 @@ class TrainerSpec(ApiModel):
     resources: Resources = Field(default_factory=Resources, description="Trainer container resources besides GPUs.")
     placement: Placement = Field(default_factory=Placement, description="nodeSelector, tolerations, affinity, priorityClassName of trainer pods.")
     pod_metadata: PodMetadata = Field(default_factory=PodMetadata, description="Extra labels/annotations on trainer pods.")
+    gpu_resource: str = Field(
+        default=DEFAULT_GPU_RESOURCE, min_length=1, max_length=MAX_NAME, pattern=GPU_RESOURCE_PATTERN,
+        description="Extended resource name of a GPU on your nodes, e.g. nvidia.com/gpu or amd.com/gpu.",
+    )
+    template: PodTemplate | None = Field(
+        default=None,
+        description=(
+            "A pod template merged into the trainer pods the operator builds (volumes, sidecars, init containers, "
+            "imagePullSecrets, securityContext, envFrom...); env, resources, placement and podMetadata are shorthands merged before it. "
+            "Fields the operator owns are refused."
+        ),
+    )
     service_account_name: str | None = Field(default=None, max_length=MAX_NAME, description="ServiceAccount of trainer pods; it must be allowed `update` on rljobs/control.")
     colocate: bool = Field(default=False, description="Trainer shares GPUs with engines; requires spec.inference.offload.enabled.")
     reference: ReferenceTrainerSpec = Field(default_factory=ReferenceTrainerSpec, description="Settings of the bundled reference trainer.")
@@ -625,6 +695,9 @@ class TrainerSpec(ApiModel):
     def _one_trainer(self) -> TrainerSpec:
         if self.workload_ref is not None and self.command is not None:
             raise ValueError(TRAINER_EXCLUSIVE_MSG)
+        conflict = env_conflict("trainer", self.env) or template_conflict(OWNED["trainer"], self.template, self.gpu_resource)
+        if conflict:
+            raise ValueError(conflict)
         return self
 
 

@@ -14,6 +14,7 @@ from typing import Any
 from rljob_operator import crdgen
 from rljob_operator.generated import generator_main
 from rljob_operator.kinds import GROUP, KIND, VERSION
+from rljob_operator.podschema import embedded_kind
 from rljob_operator.structural import Schema
 
 DOC_PATH = crdgen.REPO_ROOT / "docs" / "api-reference.md"
@@ -42,6 +43,9 @@ def _literal(text: str) -> str:
 def type_name(node: Schema) -> str:
     """The type as a reader thinks of it: `[]string`, `map[string]string`, `object`..."""
     kind = node.get("type", "any")
+    embedded = embedded_kind(node)
+    if embedded is not None:
+        return f"{embedded} (core/v1)"
     if kind == "array":
         return "[]" + type_name(node.get("items", {}))
     if kind == "object" and isinstance(node.get("additionalProperties"), dict):
@@ -82,11 +86,14 @@ def _anchor(path: str) -> str:
 
 
 def _is_section(node: Schema) -> bool:
-    return node.get("type") == "object" and "properties" in node
+    """An object with named fields of ours; an embedded Kubernetes type is documented by `kubectl explain`."""
+    return node.get("type") == "object" and "properties" in node and embedded_kind(node) is None
 
 
 def _sections(node: Schema, path: str) -> list[tuple[str, Schema]]:
     """Every object with named fields, depth first, in declaration order."""
+    if embedded_kind(node) is not None:
+        return []
     out = [(path, node)] if _is_section(node) else []
     for name, sub in node.get("properties", {}).items():
         out += _sections(sub, f"{path}.{name}")

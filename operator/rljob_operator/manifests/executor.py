@@ -94,8 +94,10 @@ def executor_spec_json(view: JobView) -> str:
     """
     spec = view.spec.to_wire()
     inference = {k: v for k, v in spec["inference"].items() if k in ("engine", "router")}
-    rollout = {k: v for k, v in spec["rollout"].items() if k != "podMetadata"}  # the pod's, not the executor's
-    part = {"model": spec["model"], "inference": inference, "rollout": rollout, "trainer": spec.get("trainer", {})}
+    pod_only = ("podMetadata", "template")  # the pod's, not the executor's
+    rollout = {k: v for k, v in spec["rollout"].items() if k not in pod_only}
+    trainer = {k: v for k, v in spec.get("trainer", {}).items() if k not in pod_only}
+    part = {"model": spec["model"], "inference": inference, "rollout": rollout, "trainer": trainer}
     return json.dumps(part, sort_keys=True, separators=(",", ":"))
 
 
