@@ -31,8 +31,9 @@ GOLDEN = Path(__file__).parent / "golden"
 JOBS = GOLDEN / "jobs"
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 CONTROLLER_URL = "http://rljob-operator.rljob-system.svc:8443"
-# The two shipped examples, a multi-node cell (16 GPUs per engine, 8 per node) and SGLang with offload.
-CASES = ["tiny-cpu", "llama-8b-8gpu", "multinode-vllm", "sglang-offload"]
+# The two shipped examples, a multi-node cell (16 GPUs per engine, 8 per node), SGLang with offload,
+# and pod templates on every role (spec.<role>.template over the shorthand fields).
+CASES = ["tiny-cpu", "llama-8b-8gpu", "multinode-vllm", "sglang-offload", "pod-templates"]
 
 
 def load_job(case: str) -> dict[str, Any]:

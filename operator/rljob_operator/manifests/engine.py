@@ -33,6 +33,7 @@ import json
 import shlex
 from typing import Any
 
+from controller_runtime.api.podtemplate import ENGINE_CONTAINER
 from controller_runtime.api.spec import Engine, InferenceSpec, WeightUpdateMethod
 from controller_runtime.engine_extensions import VLLM_LOGPROBS_ARGS, WEIGHT_TRANSFER_EXTENSION
 from controller_runtime.ports import CellRequest
@@ -51,9 +52,10 @@ from rljob_operator.manifests.podspec import (
     user_env,
     volumes,
 )
+from rljob_operator.manifests.template import apply_template
 from rljob_operator.names import cells_service_name, engine_pod_name
 
-CONTAINER = "engine"
+CONTAINER = ENGINE_CONTAINER
 HEALTH_PATH = "/health"  # both vLLM and SGLang; the controller's own probe uses /health_generate on SGLang
 RAY_GCS_PORT = 6379
 SGLANG_DIST_PORT = 50000
@@ -218,7 +220,7 @@ def engine_pod(job: JobView, cell: CellRequest, pod_index: int) -> dict[str, Any
         "image": inf.image,
         "command": engine_command(job, cell, pod_index),
         "env": _engine_env(job),
-        "resources": container_resources(inf.resources, inf.gpus_per_pod if inf.gpus_per_engine > 0 else 0),
+        "resources": container_resources(inf.resources, inf.gpus_per_pod if inf.gpus_per_engine > 0 else 0, inf.gpu_resource),
         "volumeMounts": mounts,
     }
     ports = _ports(job, pod_index)
@@ -236,6 +238,7 @@ def engine_pod(job: JobView, cell: CellRequest, pod_index: int) -> dict[str, Any
         "containers": [container],
         "volumes": vols,
     }
+    labels, annotations, spec = apply_template(labels, annotations, spec, inf.template)
     return {
         "apiVersion": "v1",
         "kind": "Pod",

@@ -22,6 +22,7 @@ import json
 import posixpath
 from typing import Any
 
+from controller_runtime.api.podtemplate import EXECUTOR_CONTAINER
 from controller_runtime.api.spec import WeightUpdateMethod
 from rljob_operator import labels as L
 from rljob_operator.manifests.job import JobView
@@ -39,9 +40,10 @@ from rljob_operator.manifests.podspec import (
 )
 from rljob_operator.manifests.rayauth import ray_auth_env
 from rljob_operator.manifests.services import engines_url
+from rljob_operator.manifests.template import apply_template
 from rljob_operator.names import ray_cluster_name, rollout_name
 
-CONTAINER = "executor"
+CONTAINER = EXECUTOR_CONTAINER
 RAY_CLIENT_PORT = 10001
 RAY_DASHBOARD_PORT = 8265
 SHARD_DATA_PORT = 10002  # the executor's HTTP side channel for shard bytes (rljob_client.RolloutStream)
@@ -94,9 +96,9 @@ def executor_spec_json(view: JobView) -> str:
     """
     spec = view.spec.to_wire()
     inference = {k: v for k, v in spec["inference"].items() if k in ("engine", "router")}
-    pod_only = ("podMetadata", "template")  # the pod's, not the executor's
-    rollout = {k: v for k, v in spec["rollout"].items() if k not in pod_only}
-    trainer = {k: v for k, v in spec.get("trainer", {}).items() if k not in pod_only}
+    # the pods' settings, not the executor's
+    rollout = {k: v for k, v in spec["rollout"].items() if k not in ("podMetadata", "template")}
+    trainer = {k: v for k, v in spec.get("trainer", {}).items() if k not in ("template", "gpuResource")}
     part = {"model": spec["model"], "inference": inference, "rollout": rollout, "trainer": trainer}
     return json.dumps(part, sort_keys=True, separators=(",", ":"))
 
@@ -167,6 +169,9 @@ def executor_deployment(
     meta = view.spec.executor.pod_metadata
     template_labels = {**meta.labels, **L.job_labels(view.name, L.ROLE_ROLLOUT)}
     template_annotations = {**meta.annotations, L.JOB_NAME_ANNOTATION: view.name}
+    template_labels, template_annotations, pod_spec = apply_template(
+        template_labels, template_annotations, pod_spec, view.spec.executor.template
+    )
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

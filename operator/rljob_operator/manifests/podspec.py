@@ -5,9 +5,8 @@ from __future__ import annotations
 import posixpath
 from typing import Any
 
+from controller_runtime.api.podtemplate import DEFAULT_GPU_RESOURCE
 from controller_runtime.api.spec import DatasetSpec, EnvVar, ModelSpec, Placement, Resources, WeightUpdateSpec
-
-GPU_RESOURCE = "nvidia.com/gpu"
 MODEL_VOLUME = "model"
 MODELS_MOUNT = "/models"
 CHECKPOINTS_VOLUME = "checkpoints"
@@ -30,13 +29,13 @@ def placement_fields(placement: Placement) -> dict[str, Any]:
     return out
 
 
-def container_resources(resources: Resources, gpus: int) -> dict[str, Any]:
-    """The user's requests/limits plus `nvidia.com/gpu: gpus` in both (extended resources need equal values)."""
+def container_resources(resources: Resources, gpus: int, gpu_resource: str = DEFAULT_GPU_RESOURCE) -> dict[str, Any]:
+    """The user's requests/limits plus `<gpu_resource>: gpus` in both (extended resources need equal values)."""
     requests = dict(resources.requests)
     limits = dict(resources.limits)
     if gpus > 0:
-        requests[GPU_RESOURCE] = str(gpus)
-        limits[GPU_RESOURCE] = str(gpus)
+        requests[gpu_resource] = str(gpus)
+        limits[gpu_resource] = str(gpus)
     out: dict[str, Any] = {}
     if requests:
         out["requests"] = requests
@@ -138,7 +137,7 @@ def env_field(name: str, field_path: str) -> dict[str, Any]:
 
 
 def user_env(env: list[EnvVar]) -> list[dict[str, Any]]:
-    return [env_value(e.name, e.value) for e in env]
+    return [e.to_pod() for e in env]
 
 
 def merge_env(base: list[dict[str, Any]], extra: list[dict[str, Any]]) -> list[dict[str, Any]]:

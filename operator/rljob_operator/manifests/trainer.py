@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from controller_runtime.api.podtemplate import TRAINER_CONTAINER
 from controller_runtime.api.spec import TrainerSpec
 from rljob_operator import labels as L
 from rljob_operator.manifests.executor import rollout_address
@@ -47,9 +48,10 @@ from rljob_operator.manifests.podspec import (
     volumes,
 )
 from rljob_operator.manifests.rayauth import ray_auth_env
+from rljob_operator.manifests.template import apply_template
 from rljob_operator.names import trainer_name
 
-CONTAINER = "trainer"
+CONTAINER = TRAINER_CONTAINER
 MASTER_PORT = 29500
 TRAINER_MODULE = "rljob_client.trainer"
 
@@ -141,7 +143,7 @@ def trainer_job(view: JobView, controller_url: str, attempt: int = 0) -> dict[st
     }
     if args:
         container["args"] = args
-    resources = container_resources(t.resources, t.gpus_per_replica)
+    resources = container_resources(t.resources, t.gpus_per_replica, t.gpu_resource)
     if resources:
         container["resources"] = resources
     pod_spec: dict[str, Any] = {
@@ -158,6 +160,7 @@ def trainer_job(view: JobView, controller_url: str, attempt: int = 0) -> dict[st
         pod_spec["serviceAccountName"] = t.service_account_name
     pod_labels = {**t.pod_metadata.labels, **L.job_labels(view.name, L.ROLE_TRAINER)}
     pod_annotations = {**t.pod_metadata.annotations, L.JOB_NAME_ANNOTATION: view.name}
+    pod_labels, pod_annotations, pod_spec = apply_template(pod_labels, pod_annotations, pod_spec, t.template)
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
