@@ -36,8 +36,8 @@ from pydantic_core import core_schema
 from controller_runtime.api import RLJobSpec, RLJobStatus
 from controller_runtime.api.podtemplate import K8S_SCHEMA
 from rljob_operator.generated import generator_main
-from rljob_operator.podschema import k8s_schema
 from rljob_operator.kinds import API_VERSION, GROUP, KIND, LIST_KIND, PLURAL, VERSION
+from rljob_operator.podschema import k8s_schema
 from rljob_operator.structural import Schema, strip_empty
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -158,13 +158,13 @@ def _template_cases() -> list[Case]:
     out = []
     for role, owned in P.OWNED.items():
         at = f"spec.{role}.template"
-        for field in owned.pod:
-            out.append(Case(f"{role}-template-{field}", {at: {"spec": {field: _OWNED_VALUES[field]}}},
-                            f"{at}.spec.{field}", P.pod_field_message(owned, field)))
-        for field in owned.main:
-            container = {"name": owned.container, field: _OWNED_VALUES[field]}
-            out.append(Case(f"{role}-template-main-{field}", {at: {"spec": {"containers": [container]}}},
-                            f"{at}.spec.containers", P.main_field_message(owned, field)))
+        for name in owned.pod:
+            out.append(Case(f"{role}-template-{name}", {at: {"spec": {name: _OWNED_VALUES[name]}}},
+                            f"{at}.spec.{name}", P.pod_field_message(owned, name)))
+        for name in owned.main:
+            container = {"name": owned.container, name: _OWNED_VALUES[name]}
+            out.append(Case(f"{role}-template-main-{name}", {at: {"spec": {"containers": [container]}}},
+                            f"{at}.spec.containers", P.main_field_message(owned, name)))
         if owned.gpus is not None:
             container = {"name": owned.container, "resources": {"limits": {"nvidia.com/gpu": "2"}}}
             out.append(Case(f"{role}-template-gpus", {at: {"spec": {"containers": [container]}}},

@@ -7,6 +7,7 @@ from typing import Any
 
 from controller_runtime.api.podtemplate import DEFAULT_GPU_RESOURCE
 from controller_runtime.api.spec import DatasetSpec, EnvVar, ModelSpec, Placement, Resources, WeightUpdateSpec
+
 MODEL_VOLUME = "model"
 MODELS_MOUNT = "/models"
 CHECKPOINTS_VOLUME = "checkpoints"
