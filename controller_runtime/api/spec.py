@@ -78,7 +78,9 @@ class PvcSource(ApiModel):
     sub_path: str = Field(default="", max_length=MAX_PATH, description="Path inside the claim.")
 
 
-MODEL_SOURCE_MSG = "spec.model: set path or pvc (where the weights are)"
+MODEL_SOURCE_MSG = "spec.model: set path, pvc or uri (where the weights are)"
+MODEL_URI_EXCLUSIVE_MSG = "spec.model.uri excludes spec.model.path and spec.model.pvc: the weights come from one place"
+MODEL_URI_PATTERN = r"^hf://[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?$"
 MODEL_IMMUTABLE_MSG = "spec.model is immutable; create a new RLJob to change the model"
 
 
@@ -87,7 +89,8 @@ class ModelSpec(ApiModel):
 
     model_config = ApiModel.model_config | {
         "json_schema_extra": cel(
-            ("has(self.path) || has(self.pvc)", MODEL_SOURCE_MSG),
+            ("has(self.path) || has(self.pvc) || has(self.uri)", MODEL_SOURCE_MSG),
+            ("!has(self.uri) || (!has(self.path) && !has(self.pvc))", MODEL_URI_EXCLUSIVE_MSG, ".uri"),
             ("self == oldSelf", MODEL_IMMUTABLE_MSG),
         )
     }
@@ -99,12 +102,31 @@ class ModelSpec(ApiModel):
         description="Path to a HuggingFace-format model directory (local mode, or a hostPath/volume path).",
     )
     pvc: PvcSource | None = Field(default=None, description="PVC holding the model; mounted at /models in engine and trainer pods.")
+    uri: str | None = Field(
+        default=None,
+        max_length=MAX_PATH,
+        pattern=MODEL_URI_PATTERN,
+        description=(
+            "hf://ORG/NAME[@REVISION]: a Hugging Face repository, downloaded by an init container of every pod "
+            "that reads the model (into spec.model.cache, else the pod's own volume) and mounted at /models."
+        ),
+    )
+    credentials_secret: str | None = Field(
+        default=None, min_length=1, max_length=MAX_NAME,
+        description="Secret (in the RLJob's namespace) whose key HF_TOKEN is the token the download uses.",
+    )
+    cache: PvcSource | None = Field(
+        default=None,
+        description="PVC the download goes to, so that recreated pods do not download again (one per pod otherwise).",
+    )
     tokenizer: str | None = Field(default=None, max_length=MAX_PATH, description="Tokenizer directory; defaults to the model directory.")
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSpec:
-        if self.path is None and self.pvc is None:
+        if self.path is None and self.pvc is None and self.uri is None:
             raise ValueError(MODEL_SOURCE_MSG)
+        if self.uri is not None and (self.path is not None or self.pvc is not None):
+            raise ValueError(MODEL_URI_EXCLUSIVE_MSG)
         return self
 
 

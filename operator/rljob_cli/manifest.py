@@ -93,6 +93,26 @@ def resolve_paths(manifest: RLJobManifest, cwd: Path) -> RLJobManifest:
     return manifest.model_copy(update={"spec": spec.model_copy(update={"model": model, "rollout": rollout})})
 
 
+def fetch_model(manifest: RLJobManifest, cache_dir: Path, token: str | None) -> RLJobManifest:
+    """spec.model.uri downloaded into `cache_dir` (skipped when already there), as spec.model.path.
+
+    Local mode's stand-in for the pods' init container: the same downloader, the token from
+    the env file or the shell (HF_TOKEN), the hub from HF_ENDPOINT when set."""
+    from rljob_client.fetch import FetchError, fetch_hf, parse_uri
+
+    model = manifest.spec.model
+    if model.uri is None:
+        return manifest
+    src = parse_uri(model.uri)
+    dest = cache_dir / "hf" / src.repo_id / (src.revision or "main")
+    try:
+        fetch_hf(src, dest, token=token, endpoint=os.environ.get("HF_ENDPOINT"))
+    except FetchError as e:
+        raise ManifestError(f"spec.model.uri: {e}") from e
+    local = model.model_copy(update={"uri": None, "path": str(dest), "cache": None, "credentials_secret": None})
+    return manifest.model_copy(update={"spec": manifest.spec.model_copy(update={"model": local})})
+
+
 def ensure_model(model_path: str) -> tuple[Path, bool]:
     """The model dir, building the toy's tiny model when it is missing; (path, built)."""
     path = Path(model_path)

@@ -56,7 +56,15 @@ from rljob_cli.capacity import LocalModeError, check_local_mode
 from rljob_cli.children import ChildProcesses
 from rljob_cli.local_api import LocalControlAPI
 from rljob_cli.local_platform import LocalPlatform, VLLMLauncher
-from rljob_cli.manifest import ManifestError, dump, ensure_model, job_name, load_manifest, resolve_paths
+from rljob_cli.manifest import (
+    ManifestError,
+    dump,
+    ensure_model,
+    fetch_model,
+    job_name,
+    load_manifest,
+    resolve_paths,
+)
 from rljob_cli.podsettings import EnvFileError, parse_env_file, process_env
 from rljob_cli.progress import Progress
 from rljob_cli.vllm_process import die_with_parent, free_port
@@ -86,6 +94,7 @@ class RunOptions:
     overlap: bool | None = None  # generate rollout n+1 while training on n; None: the spec's default (loop.py)
     metrics_port: int = 0  # serve the trainer's Prometheus metrics on 127.0.0.1:PORT (0: off)
     env_file: Path | None = None  # NAME=value lines: the values of env entries that read a Secret or ConfigMap
+    cache_dir: Path = Path.home() / ".cache" / "rljob" / "models"  # where spec.model.uri is downloaded
 
 
 @dataclass(frozen=True)
@@ -104,6 +113,8 @@ def prepare(opts: RunOptions) -> Prepared:
     manifest = load_manifest(opts.manifest)
     env_file = read_env_file(opts.env_file)
     check_local_mode(manifest.spec, psutil.virtual_memory().available, env_file)
+    token = env_file.get("HF_TOKEN") or os.environ.get("HF_TOKEN")
+    manifest = fetch_model(manifest, opts.cache_dir, token)
     manifest = resolve_paths(manifest, opts.cwd.resolve())
     assert manifest.spec.model.path is not None
     _, built = ensure_model(manifest.spec.model.path)

@@ -153,3 +153,22 @@ def test_uri_that_is_not_hf_is_refused() -> None:
     with pytest.raises(FetchError, match="ftp://x/y: not a model URI"):
         parse_uri("ftp://x/y")
     assert parse_uri("hf://Qwen/Qwen2.5-7B-Instruct@refs/pr/1").revision == "refs/pr/1"
+
+
+def test_local_mode_downloads_the_model_and_runs_from_the_path(
+    hub: Hub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import yaml
+    from rljob_cli.manifest import ManifestError, fetch_model
+
+    from controller_runtime.api import RLJobManifest
+
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    manifest = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / "tiny-cpu.yaml").read_text())
+    manifest["spec"]["model"] = {"uri": f"hf://{REPO}@v1", "credentialsSecret": "hf"}
+    job = RLJobManifest.model_validate(manifest)
+    local = fetch_model(job, tmp_path / "cache", TOKEN).spec.model
+    assert local.uri is None and local.path == str(tmp_path / "cache" / "hf" / REPO / "v1")
+    assert (Path(local.path) / "config.json").read_bytes() == hub.files["config.json"]
+    with pytest.raises(ManifestError, match=f"spec.model.uri: hf://{REPO}@v1: the hub refused the token"):
+        fetch_model(job, tmp_path / "other", "hf_wrong")

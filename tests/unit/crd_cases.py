@@ -77,6 +77,7 @@ INVALID = [
         "because a cell spans whole nodes; use 4 or 8",
     ),
     Case("model-without-source", {"spec.model": {"tokenizer": "/tok"}}, "spec.model", S.MODEL_SOURCE_MSG),
+    Case("model-uri-beside-pvc", {"spec.model.uri": "hf://Qwen/Qwen2.5-7B-Instruct"}, "spec.model.uri", S.MODEL_URI_EXCLUSIVE_MSG),
     Case(
         "offload-enabled-without-tags",
         {"spec.inference.offload": {"enabled": True, "tags": []}},
@@ -220,6 +221,7 @@ VALID_EDITS = {
         "spec.inference.template": {"spec": {"containers": [{"name": "engine", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}},
     },
     "sidecar-with-gpus": {"spec.trainer.template": {"spec": {"containers": [{"name": "aux", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}},
+    "model-from-the-hub": {"spec.model": {"uri": "hf://Qwen/Qwen2.5-7B-Instruct@main", "credentialsSecret": "hf", "cache": {"claimName": "hf-cache"}}},
     "env-from-secret": {"spec.inference.env": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}]},
     "two-node-cell": {"spec.inference.gpusPerEngine": 16, "spec.inference.tensorParallelSize": 8},
     "cell-smaller-than-node": {"spec.inference.gpusPerEngine": 3, "spec.inference.tensorParallelSize": DELETE},
@@ -318,6 +320,7 @@ MALFORMED = [
         "greater than 0",
     ),
     Malformed("unknown-engine", {"spec.inference.engine": "tgi"}, "spec.inference.engine", 'Unsupported value: "tgi"'),
+    Malformed("model-uri-not-hf", {"spec.model": {"uri": "s4://bucket/model"}}, "spec.model.uri", "should match"),
     Malformed("bad-reward-path", {"spec.rollout.reward.function": "not a function"}, "spec.rollout.reward.function", "should match"),
     Malformed("missing-dataset", {"spec.rollout": {"batchSize": 4}}, "spec.rollout.dataset", "Required value"),
     Malformed("too-many-tags", {"spec.inference.offload.tags": ["weights"] * 4}, "spec.inference.offload.tags", "must have at most 3 items"),

@@ -270,6 +270,9 @@ def test_every_spec_field_survives_pruning(schema: dict[str, Any]) -> None:
         raw[role]["env"] = [{"name": "x", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]
     for role in ("inference", "rollout", "trainer"):
         raw[role]["template"]["spec"] = {"volumes": [{"name": "v", "emptyDir": {}}], "containers": [{"name": "side"}]}
-    wire = RLJobSpec.model_validate(raw).to_wire()
-    assert pruned_paths(wire, schema["properties"]["spec"], "spec") == []
-    assert CelChecker(schema).violations({"spec": wire}) == []
+    hub_model = {"uri": "hf://org/name@rev", "credentialsSecret": "x", "cache": raw["model"]["pvc"], "tokenizer": "x"}
+    del raw["model"]["uri"]  # excludes path and pvc: checked on its own below
+    for model in (raw["model"], hub_model):
+        wire = RLJobSpec.model_validate(dict(raw, model=model)).to_wire()
+        assert pruned_paths(wire, schema["properties"]["spec"], "spec") == []
+        assert CelChecker(schema).violations({"spec": wire}) == []

@@ -32,8 +32,8 @@ JOBS = GOLDEN / "jobs"
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 CONTROLLER_URL = "http://rljob-operator.rljob-system.svc:8443"
 # The two shipped examples, a multi-node cell (16 GPUs per engine, 8 per node), SGLang with offload,
-# and pod templates on every role (spec.<role>.template over the shorthand fields).
-CASES = ["tiny-cpu", "llama-8b-8gpu", "multinode-vllm", "sglang-offload", "pod-templates"]
+# pod templates on every role (spec.<role>.template over the shorthand fields), and a model from the hub.
+CASES = ["tiny-cpu", "llama-8b-8gpu", "multinode-vllm", "sglang-offload", "pod-templates", "qwen-7b-hf"]
 
 
 def load_job(case: str) -> dict[str, Any]:

@@ -45,6 +45,7 @@ from rljob_operator.manifests.podspec import (
     env_field,
     env_value,
     merge_env,
+    model_fetch_containers,
     model_path,
     model_volume,
     placement_fields,
@@ -238,6 +239,9 @@ def engine_pod(job: JobView, cell: CellRequest, pod_index: int) -> dict[str, Any
         "containers": [container],
         "volumes": vols,
     }
+    fetch = model_fetch_containers(job.spec, None)
+    if fetch:
+        spec["initContainers"] = fetch
     labels, annotations, spec = apply_template(labels, annotations, spec, inf.template)
     return {
         "apiVersion": "v1",

@@ -34,6 +34,7 @@ from rljob_operator.manifests.podspec import (
     dataset_volume,
     env_field,
     env_value,
+    model_fetch_containers,
     model_path,
     model_volume,
     volumes,
@@ -159,6 +160,9 @@ def executor_deployment(
         "securityContext": restricted_pod(),
         "containers": [container],
     }
+    fetch = model_fetch_containers(view.spec, restricted_container())
+    if fetch:
+        pod_spec["initContainers"] = fetch
     if vols:
         pod_spec["volumes"] = vols
     # The executor calls the controller API (engine discovery) as the trainer does: by default it

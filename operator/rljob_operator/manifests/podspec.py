@@ -6,7 +6,15 @@ import posixpath
 from typing import Any
 
 from controller_runtime.api.podtemplate import DEFAULT_GPU_RESOURCE
-from controller_runtime.api.spec import DatasetSpec, EnvVar, ModelSpec, Placement, Resources, WeightUpdateSpec
+from controller_runtime.api.spec import (
+    DatasetSpec,
+    EnvVar,
+    ModelSpec,
+    Placement,
+    Resources,
+    RLJobSpec,
+    WeightUpdateSpec,
+)
 
 MODEL_VOLUME = "model"
 MODELS_MOUNT = "/models"
@@ -14,6 +22,9 @@ CHECKPOINTS_VOLUME = "checkpoints"
 DATA_VOLUME = "data"
 DATA_MOUNT = "/data"
 SHM_VOLUME = "dshm"
+FETCH_CONTAINER = "fetch-model"
+FETCH_MODULE = "rljob_client.fetch"
+HF_TOKEN_KEY = "HF_TOKEN"
 
 
 def placement_fields(placement: Placement) -> dict[str, Any]:
@@ -54,6 +65,10 @@ def model_path(model: ModelSpec) -> str:
     only means something to processes started in a known working directory (local mode,
     the test cluster's process agent, which runs pods' commands from the repository root).
     """
+    if model.uri is not None:
+        # hf://ORG/NAME@REV -> /models/hf/ORG/NAME/REV: one directory per revision in a shared cache
+        repo, _, revision = model.uri.removeprefix("hf://").partition("@")
+        return posixpath.join(MODELS_MOUNT, "hf", repo, revision or "main")
     if model.pvc is not None:
         sub = model.pvc.sub_path.strip("/")
         return posixpath.join(MODELS_MOUNT, sub) if sub else MODELS_MOUNT
@@ -61,8 +76,54 @@ def model_path(model: ModelSpec) -> str:
     return model.path
 
 
+def _download_volume(model: ModelSpec) -> dict[str, Any]:
+    if model.cache is not None:
+        return {"name": MODEL_VOLUME, "persistentVolumeClaim": {"claimName": model.cache.claim_name}}
+    return {"name": MODEL_VOLUME, "emptyDir": {}}
+
+
+def _download_mount(model: ModelSpec, read_only: bool) -> dict[str, Any]:
+    mount: dict[str, Any] = {"name": MODEL_VOLUME, "mountPath": MODELS_MOUNT}
+    if model.cache is not None and model.cache.sub_path.strip("/"):
+        mount["subPath"] = model.cache.sub_path.strip("/")
+    if read_only:
+        mount["readOnly"] = True
+    return mount
+
+
+def fetch_image(spec: RLJobSpec) -> str:
+    """An image that ships rljob_client and huggingface_hub: the executor's, else the trainer's."""
+    return spec.rollout.image if spec.rollout is not None else spec.trainer.image
+
+
+def model_fetch_containers(spec: RLJobSpec, security_context: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The init container that downloads spec.model.uri into the model volume ([] for a path or PVC).
+
+    It runs in every pod that reads the model, from an image that ships rljob_client (the
+    executor's or trainer's); a failure that retrying cannot fix fails the pod once with the
+    cause as its termination message (`rljob_client.fetch`)."""
+    model = spec.model
+    if model.uri is None:
+        return []
+    container: dict[str, Any] = {
+        "name": FETCH_CONTAINER,
+        "image": fetch_image(spec),
+        "command": ["python", "-m", FETCH_MODULE, "--uri", model.uri, "--dest", model_path(model)],
+        "volumeMounts": [_download_mount(model, read_only=False)],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    if model.credentials_secret:
+        ref = {"name": model.credentials_secret, "key": HF_TOKEN_KEY}
+        container["env"] = [{"name": HF_TOKEN_KEY, "valueFrom": {"secretKeyRef": ref}}]
+    if security_context:
+        container["securityContext"] = security_context
+    return [container]
+
+
 def model_volume(model: ModelSpec) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """(volume, volumeMount) for the model, read-only; None for a relative path."""
+    if model.uri is not None:
+        return _download_volume(model), _download_mount(model, read_only=True)
     if model.pvc is not None:
         volume = {
             "name": MODEL_VOLUME,

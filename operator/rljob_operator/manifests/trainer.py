@@ -40,6 +40,7 @@ from rljob_operator.manifests.podspec import (
     env_field,
     env_value,
     merge_env,
+    model_fetch_containers,
     model_path,
     model_volume,
     placement_fields,
@@ -156,6 +157,9 @@ def trainer_job(view: JobView, controller_url: str, attempt: int = 0) -> dict[st
         "containers": [container],
         "volumes": vols,
     }
+    fetch = model_fetch_containers(view.spec, restricted_container())
+    if fetch:
+        pod_spec["initContainers"] = fetch
     if t.service_account_name:
         pod_spec["serviceAccountName"] = t.service_account_name
     pod_labels = {**t.pod_metadata.labels, **L.job_labels(view.name, L.ROLE_TRAINER)}
