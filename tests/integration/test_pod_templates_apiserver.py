@@ -17,7 +17,7 @@ pytestmark = pytest.mark.cluster
 WORKLOAD_KINDS = {"Pod", "Deployment", "Job"}
 
 
-@pytest.mark.parametrize("case", ["pod-templates", "llama-8b-8gpu"])
+@pytest.mark.parametrize("case", ["pod-templates", "qwen-7b-hf", "llama-8b-8gpu"])
 def test_every_merged_pod_is_accepted(cluster, namespace: str, case: str) -> None:
     job = load_job(case)
     job["metadata"]["namespace"] = namespace
