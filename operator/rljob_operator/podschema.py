@@ -37,11 +37,13 @@ PREFIX = "io.k8s.api.core.v1."
 # The roots the CRD uses, by the name the pydantic models mark them with (`K8S_SCHEMA`).
 ROOTS = {"PodSpec": PREFIX + "PodSpec", "EnvVarSource": PREFIX + "EnvVarSource"}
 
-OPAQUE_PROPERTIES = {
-    # deprecated or rare in-tree volume plugins
+OPAQUE_VOLUME_SOURCES = {
+    # deprecated or rare in-tree volume plugins (fields of a Volume only: a container's `image` is a string)
     "awsElasticBlockStore", "azureDisk", "azureFile", "cephfs", "cinder", "flexVolume", "flocker",
     "gcePersistentDisk", "gitRepo", "glusterfs", "photonPersistentDisk", "portworxVolume", "quobyte",
     "rbd", "scaleIO", "storageos", "vsphereVolume", "iscsi", "fc", "ephemeral", "csi", "image",
+}
+OPAQUE_PROPERTIES = {
     # large and rarely templated; validated by the API server on the pod itself
     "affinity", "livenessProbe", "readinessProbe", "startupProbe", "lifecycle", "resourceClaims",
     "dnsConfig", "topologySpreadConstraints", "os", "schedulingGates", "resizePolicy", "restartPolicyRules",
@@ -72,7 +74,7 @@ def _convert(node: Schema, defs: dict[str, Schema], owner: str, prop: str = "") 
         siblings = {k: v for k, v in node.items() if k not in ("$ref", "description")}
         return _convert({**defs[target], **siblings}, defs, target.removeprefix(PREFIX), prop)
     out: Schema = {}
-    if prop in OPAQUE_PROPERTIES:
+    if prop in OPAQUE_PROPERTIES or (owner == "Volume" and prop in OPAQUE_VOLUME_SOURCES):
         return {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
     for key, value in node.items():
         if key == "properties":
@@ -90,7 +92,7 @@ def _convert(node: Schema, defs: dict[str, Schema], owner: str, prop: str = "") 
             if kept:
                 out[key] = kept
         elif key == "default":
-            if value not in ({}, "", [], None):
+            if value not in ({}, [], None):  # "" stays: a list-map key needs a default or `required`
                 out[key] = value
         elif key in ("type", "format", "enum") or key in KEPT_EXTENSIONS:
             out[key] = value

@@ -7,8 +7,9 @@ and a valueFrom, a GPU resource name the API accepts.
 
 from __future__ import annotations
 
+import json
+
 import pytest
-import yaml
 
 from tests.unit.test_manifests_golden import load_job, render_all
 
@@ -25,5 +26,5 @@ def test_every_merged_pod_is_accepted(cluster, namespace: str, case: str) -> Non
     assert {o["kind"] for o in objects} == WORKLOAD_KINDS
     for obj in objects:
         obj["metadata"]["namespace"] = namespace
-        res = cluster.kubectl("create", "--dry-run=server", "-f", "-", input=yaml.safe_dump(obj), check=False)
+        res = cluster.kubectl("create", "--dry-run=server", "-f", "-", input=json.dumps(obj), check=False)
         assert res.returncode == 0, f"{obj['kind']} {obj['metadata']['name']}: {res.stderr}"
