@@ -414,16 +414,42 @@ class DatasetFormat(StrEnum):
     parquet = "parquet"
 
 
+DATASET_URI_EXCLUSIVE_MSG = "spec.rollout.dataset.uri excludes spec.rollout.dataset.pvc: the prompts come from one place"
+
+
 class DatasetSpec(ApiModel):
     """The prompts the executor samples from."""
 
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": cel(("!has(self.uri) || !has(self.pvc)", DATASET_URI_EXCLUSIVE_MSG, ".uri")),
+    }
+
     path: str = Field(min_length=1, max_length=MAX_PATH, description="JSONL or Parquet file of prompts (a path inside the executor pod, or local path in local mode).")
     pvc: PvcSource | None = Field(default=None, description="PVC holding the dataset, mounted at /data in the executor pod; path is then relative to /data.")
+    uri: str | None = Field(
+        default=None,
+        max_length=MAX_PATH,
+        pattern=MODEL_URI_PATTERN,
+        description=(
+            "hf://ORG/NAME[@REVISION]: a Hugging Face dataset repository, downloaded by an init container of the "
+            "executor pod; path is then the file inside the repository."
+        ),
+    )
+    credentials_secret: str | None = Field(
+        default=None, min_length=1, max_length=MAX_NAME,
+        description="Secret (in the RLJob's namespace) whose key HF_TOKEN is the token the download uses.",
+    )
     format: DatasetFormat | None = Field(default=None, description="Defaults to the file extension.")
     prompt_field: str = Field(default="prompt", min_length=1, max_length=MAX_NAME, description="Field holding the prompt text.")
     label_field: str | None = Field(default="label", max_length=MAX_NAME, description="Field handed to the reward function as the reference answer; empty for rewards that need none (null means the same, but client-side `kubectl apply` drops nulls, so write \"\").")
     shuffle: bool = Field(default=True, description="Shuffle deterministically each epoch.")
     seed: int = Field(default=0, description="Seed of the shuffle; the position is saved so a restart resumes.")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DatasetSpec:
+        if self.uri is not None and self.pvc is not None:
+            raise ValueError(DATASET_URI_EXCLUSIVE_MSG)
+        return self
 
 
 class SamplingSpec(ApiModel):

@@ -1,5 +1,5 @@
 """Download a model or dataset named by a URI into a directory: the init container of pods whose
-`spec.model.uri` is `hf://ORG/NAME[@REVISION]`.
+`spec.model.uri` or `spec.rollout.dataset.uri` is `hf://ORG/NAME[@REVISION]`.
 
 `python -m rljob_client.fetch --uri hf://Qwen/Qwen2.5-7B-Instruct --dest /models/...` runs
 `huggingface_hub.snapshot_download` (resumable, parallel, the hub's own cache metadata in the
@@ -52,8 +52,10 @@ def _already_fetched(dest: Path, uri: str) -> bool:
         return False
 
 
-def fetch_hf(src: HfSource, dest: Path, *, token: str | None = None, endpoint: str | None = None) -> Path:
-    """Download the repository's snapshot into `dest` (skipped when `dest` already holds this URI)."""
+def fetch_hf(
+    src: HfSource, dest: Path, *, token: str | None = None, endpoint: str | None = None, repo_type: str = "model"
+) -> Path:
+    """Download the repository's snapshot (a model or dataset repository) into `dest` (skipped when `dest` already holds this URI)."""
     from huggingface_hub import HfApi, snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError,
@@ -70,10 +72,11 @@ def fetch_hf(src: HfSource, dest: Path, *, token: str | None = None, endpoint: s
     try:
         # Resolve the revision first: on an API error snapshot_download itself would fall back to
         # whatever a partial earlier download left in `dest` and call that a success.
-        info = HfApi(endpoint=endpoint, token=token or None).repo_info(src.repo_id, revision=src.revision)
+        api = HfApi(endpoint=endpoint, token=token or None)
+        info = api.repo_info(src.repo_id, revision=src.revision, repo_type=repo_type)
         # the hub's cache inside dest: a pod's home may be read-only, and the cache PVC keeps it
-        snapshot_download(src.repo_id, revision=info.sha, local_dir=dest, cache_dir=dest / ".cache" / "hub",
-                          token=token or None, endpoint=endpoint)
+        snapshot_download(src.repo_id, revision=info.sha, repo_type=repo_type, local_dir=dest,
+                          cache_dir=dest / ".cache" / "hub", token=token or None, endpoint=endpoint)
     except RevisionNotFoundError as e:
         raise FetchError(f"{src.uri}: revision {src.revision!r} not found in {src.repo_id}") from e
     except GatedRepoError as e:
@@ -98,12 +101,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rljob_client.fetch", description=__doc__.splitlines()[0])
     parser.add_argument("--uri", required=True, help="hf://ORG/NAME[@REVISION]")
     parser.add_argument("--dest", type=Path, required=True, help="directory to download into")
+    parser.add_argument("--repo-type", choices=("model", "dataset"), default="model")
     parser.add_argument("--termination-log", type=Path, default=TERMINATION_LOG)
     args = parser.parse_args(argv)
     try:
         src = parse_uri(args.uri)
         print(f"fetching {src.uri} into {args.dest}", flush=True)
-        fetch_hf(src, args.dest, token=os.environ.get("HF_TOKEN"), endpoint=os.environ.get("HF_ENDPOINT"))
+        fetch_hf(src, args.dest, token=os.environ.get("HF_TOKEN"), endpoint=os.environ.get("HF_ENDPOINT"),
+                 repo_type=args.repo_type)
     except FetchError as e:
         print(f"fetch failed: {e}", file=sys.stderr, flush=True)
         try:

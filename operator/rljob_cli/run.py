@@ -94,7 +94,7 @@ class RunOptions:
     overlap: bool | None = None  # generate rollout n+1 while training on n; None: the spec's default (loop.py)
     metrics_port: int = 0  # serve the trainer's Prometheus metrics on 127.0.0.1:PORT (0: off)
     env_file: Path | None = None  # NAME=value lines: the values of env entries that read a Secret or ConfigMap
-    cache_dir: Path = Path.home() / ".cache" / "rljob" / "models"  # where spec.model.uri is downloaded
+    cache_dir: Path = Path.home() / ".cache" / "rljob"  # where spec.model.uri and dataset.uri are downloaded
 
 
 @dataclass(frozen=True)

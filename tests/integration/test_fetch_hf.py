@@ -23,16 +23,19 @@ from rljob_client.fetch import DONE_MARKER, FetchError, fetch_hf, main, parse_ur
 from tests.fixtures.vllm_server import tiny_model_path
 
 REPO = "rljob/tiny"
+DATASET = "rljob/prompts"
+PROMPTS = {"data/train.jsonl": b'{"prompt": "1+1=", "label": "2"}\n'}
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 TAGS = {"main": COMMIT, "v1": COMMIT, COMMIT: COMMIT}
 TOKEN = "hf_good"
 
 
 class Hub:
-    """A private repository `rljob/tiny` holding the tiny model's files at one commit."""
+    """Private repositories at one commit: the model `rljob/tiny` (the tiny model's files) and the dataset `rljob/prompts`."""
 
     def __init__(self, files: dict[str, bytes]) -> None:
         self.files = files
+        self.repos = {("models", REPO): files, ("datasets", DATASET): PROMPTS}
         self.downloads: list[str] = []
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -67,27 +70,32 @@ class Hub:
                         return self._error(401, None)  # a token the hub does not know
                     return self._error(401, "RepoNotFound")  # a private repo, asked anonymously
                 path = unquote(urlparse(self.path).path)
-                for prefix in (f"/api/models/{REPO}/revision/", f"/api/models/{REPO}/tree/", f"/{REPO}/resolve/"):
+                kind = "datasets" if path.startswith(("/api/datasets/", "/datasets/")) else "models"
+                path = path.replace("/api/datasets/", "/api/models/", 1).removeprefix("/datasets")
+                repo = next((r for k, r in hub.repos if k == kind and f"/{r}/" in f"{path}/"), None)
+                if repo is None:
+                    return self._error(404, "RepoNotFound")
+                files = hub.repos[(kind, repo)]
+                for prefix in (f"/api/models/{repo}/revision/", f"/api/models/{repo}/tree/", f"/{repo}/resolve/"):
                     if path.startswith(prefix):
                         rev, _, rest = path.removeprefix(prefix).partition("/")
                         break
                 else:
-                    if path == f"/api/models/{REPO}":
-                        prefix, rev, rest = f"/api/models/{REPO}/revision/", "main", ""
-                    else:
+                    if path != f"/api/models/{repo}":
                         return self._error(404, "RepoNotFound")
+                    prefix, rev, rest = f"/api/models/{repo}/revision/", "main", ""
                 if rev not in TAGS:
                     return self._error(404, "RevisionNotFound")
                 if prefix.endswith("/revision/"):
-                    info = {"id": REPO, "sha": COMMIT, "siblings": [{"rfilename": f} for f in hub.files]}
+                    info = {"id": repo, "sha": COMMIT, "siblings": [{"rfilename": f} for f in files]}
                     return self._send(200, json.dumps(info).encode(), {"Content-Type": "application/json"})
                 if prefix.endswith("/tree/"):
                     tree = [{"type": "file", "path": f, "size": len(b), "oid": hashlib.sha1(b).hexdigest()}
-                            for f, b in hub.files.items()]
+                            for f, b in files.items()]
                     return self._send(200, json.dumps(tree).encode(), {"Content-Type": "application/json"})
-                if rest not in hub.files:
+                if rest not in files:
                     return self._error(404, "EntryNotFound")
-                body = hub.files[rest]
+                body = files[rest]
                 if self.command == "GET":
                     hub.downloads.append(rest)
                 etag = hashlib.sha1(body).hexdigest()
@@ -166,9 +174,20 @@ def test_local_mode_downloads_the_model_and_runs_from_the_path(
     monkeypatch.setenv("HF_ENDPOINT", hub.url)
     manifest = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / "tiny-cpu.yaml").read_text())
     manifest["spec"]["model"] = {"uri": f"hf://{REPO}@v1", "credentialsSecret": "hf"}
+    manifest["spec"]["rollout"]["dataset"] = {"uri": f"hf://{DATASET}", "path": "data/train.jsonl"}
     job = RLJobManifest.model_validate(manifest)
-    local = fetch_model(job, tmp_path / "cache", TOKEN).spec.model
-    assert local.uri is None and local.path == str(tmp_path / "cache" / "hf" / REPO / "v1")
+    spec = fetch_model(job, tmp_path / "cache", TOKEN).spec
+    local = spec.model
+    assert local.uri is None and local.path == str(tmp_path / "cache" / "model" / "hf" / REPO / "v1")
     assert (Path(local.path) / "config.json").read_bytes() == hub.files["config.json"]
+    assert spec.executor.dataset.uri is None
+    assert Path(spec.executor.dataset.path).read_bytes() == PROMPTS["data/train.jsonl"]
     with pytest.raises(ManifestError, match=f"spec.model.uri: hf://{REPO}@v1: the hub refused the token"):
         fetch_model(job, tmp_path / "other", "hf_wrong")
+
+
+def test_a_dataset_repository_lands_with_its_folders(hub: Hub, tmp_path: Path) -> None:
+    fetch_hf(parse_uri(f"hf://{DATASET}"), tmp_path / "d", token=TOKEN, endpoint=hub.url, repo_type="dataset")
+    assert (tmp_path / "d" / "data" / "train.jsonl").read_bytes() == PROMPTS["data/train.jsonl"]
+    with pytest.raises(FetchError, match="repository not found"):  # a model of that name does not exist
+        fetch_hf(parse_uri(f"hf://{DATASET}"), tmp_path / "m", token=TOKEN, endpoint=hub.url)

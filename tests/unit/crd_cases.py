@@ -77,6 +77,8 @@ INVALID = [
         "because a cell spans whole nodes; use 4 or 8",
     ),
     Case("model-without-source", {"spec.model": {"tokenizer": "/tok"}}, "spec.model", S.MODEL_SOURCE_MSG),
+    Case("dataset-uri-beside-pvc", {"spec.rollout.dataset.uri": "hf://openai/gsm8k"}, "spec.rollout.dataset.uri",
+         S.DATASET_URI_EXCLUSIVE_MSG),
     Case("model-uri-beside-pvc", {"spec.model.uri": "hf://Qwen/Qwen2.5-7B-Instruct"}, "spec.model.uri", S.MODEL_URI_EXCLUSIVE_MSG),
     Case(
         "offload-enabled-without-tags",
@@ -221,6 +223,7 @@ VALID_EDITS = {
         "spec.inference.template": {"spec": {"containers": [{"name": "engine", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}},
     },
     "sidecar-with-gpus": {"spec.trainer.template": {"spec": {"containers": [{"name": "aux", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}},
+    "dataset-from-the-hub": {"spec.rollout.dataset": {"uri": "hf://openai/gsm8k@main", "path": "main/train.parquet", "credentialsSecret": "hf"}},
     "model-from-the-hub": {"spec.model": {"uri": "hf://Qwen/Qwen2.5-7B-Instruct@main", "credentialsSecret": "hf", "cache": {"claimName": "hf-cache"}}},
     "env-from-secret": {"spec.inference.env": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}]},
     "two-node-cell": {"spec.inference.gpusPerEngine": 16, "spec.inference.tensorParallelSize": 8},

@@ -270,9 +270,12 @@ def test_every_spec_field_survives_pruning(schema: dict[str, Any]) -> None:
         raw[role]["env"] = [{"name": "x", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]
     for role in ("inference", "rollout", "trainer"):
         raw[role]["template"]["spec"] = {"volumes": [{"name": "v", "emptyDir": {}}], "containers": [{"name": "side"}]}
+    # a source from the hub excludes a PVC: each shape on its own
     hub_model = {"uri": "hf://org/name@rev", "credentialsSecret": "x", "cache": raw["model"]["pvc"], "tokenizer": "x"}
-    del raw["model"]["uri"]  # excludes path and pvc: checked on its own below
-    for model in (raw["model"], hub_model):
-        wire = RLJobSpec.model_validate(dict(raw, model=model)).to_wire()
+    del raw["model"]["uri"]
+    hub_dataset = dict(raw["rollout"]["dataset"], uri="hf://org/data@rev")
+    del hub_dataset["pvc"], raw["rollout"]["dataset"]["uri"]
+    for model, dataset in ((raw["model"], raw["rollout"]["dataset"]), (hub_model, hub_dataset)):
+        wire = RLJobSpec.model_validate(dict(raw, model=model, rollout=dict(raw["rollout"], dataset=dataset))).to_wire()
         assert pruned_paths(wire, schema["properties"]["spec"], "spec") == []
         assert CelChecker(schema).violations({"spec": wire}) == []

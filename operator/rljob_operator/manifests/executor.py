@@ -30,6 +30,7 @@ from rljob_operator.manifests.podsecurity import restricted_container, restricte
 from rljob_operator.manifests.podspec import (
     checkpoints_volume,
     container_resources,
+    dataset_fetch_containers,
     dataset_path,
     dataset_volume,
     env_field,
@@ -160,7 +161,9 @@ def executor_deployment(
         "securityContext": restricted_pod(),
         "containers": [container],
     }
-    fetch = model_fetch_containers(view.spec, restricted_container())
+    fetch = model_fetch_containers(view.spec, restricted_container()) + dataset_fetch_containers(
+        view.spec, restricted_container()
+    )
     if fetch:
         pod_spec["initContainers"] = fetch
     if vols:

@@ -23,6 +23,7 @@ DATA_VOLUME = "data"
 DATA_MOUNT = "/data"
 SHM_VOLUME = "dshm"
 FETCH_CONTAINER = "fetch-model"
+FETCH_DATASET_CONTAINER = "fetch-dataset"
 FETCH_MODULE = "rljob_client.fetch"
 HF_TOKEN_KEY = "HF_TOKEN"
 
@@ -66,14 +67,18 @@ def model_path(model: ModelSpec) -> str:
     the test cluster's process agent, which runs pods' commands from the repository root).
     """
     if model.uri is not None:
-        # hf://ORG/NAME@REV -> /models/hf/ORG/NAME/REV: one directory per revision in a shared cache
-        repo, _, revision = model.uri.removeprefix("hf://").partition("@")
-        return posixpath.join(MODELS_MOUNT, "hf", repo, revision or "main")
+        return _download_dir(MODELS_MOUNT, model.uri)
     if model.pvc is not None:
         sub = model.pvc.sub_path.strip("/")
         return posixpath.join(MODELS_MOUNT, sub) if sub else MODELS_MOUNT
     assert model.path is not None
     return model.path
+
+
+def _download_dir(mount: str, uri: str) -> str:
+    """hf://ORG/NAME@REV -> <mount>/hf/ORG/NAME/REV: one directory per revision in a shared cache."""
+    repo, _, revision = uri.removeprefix("hf://").partition("@")
+    return posixpath.join(mount, "hf", repo, revision or "main")
 
 
 def _download_volume(model: ModelSpec) -> dict[str, Any]:
@@ -105,19 +110,39 @@ def model_fetch_containers(spec: RLJobSpec, security_context: dict[str, Any] | N
     model = spec.model
     if model.uri is None:
         return []
+    command = ["python", "-m", FETCH_MODULE, "--uri", model.uri, "--dest", model_path(model)]
+    mount = _download_mount(model, read_only=False)
+    return [_fetch_container(FETCH_CONTAINER, fetch_image(spec), command, mount, model.credentials_secret, security_context)]
+
+
+def dataset_fetch_containers(spec: RLJobSpec, security_context: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The executor's init container that downloads spec.rollout.dataset.uri to /data ([] without one)."""
+    dataset = spec.executor.dataset
+    if dataset.uri is None:
+        return []
+    command = ["python", "-m", FETCH_MODULE, "--uri", dataset.uri, "--dest", _download_dir(DATA_MOUNT, dataset.uri),
+               "--repo-type", "dataset"]  # fmt: skip
+    mount = {"name": DATA_VOLUME, "mountPath": DATA_MOUNT}
+    return [_fetch_container(FETCH_DATASET_CONTAINER, fetch_image(spec), command, mount, dataset.credentials_secret,
+                             security_context)]  # fmt: skip
+
+
+def _fetch_container(
+    name: str, image: str, command: list[str], mount: dict[str, Any], secret: str | None, security_context: dict[str, Any] | None
+) -> dict[str, Any]:
     container: dict[str, Any] = {
-        "name": FETCH_CONTAINER,
-        "image": fetch_image(spec),
-        "command": ["python", "-m", FETCH_MODULE, "--uri", model.uri, "--dest", model_path(model)],
-        "volumeMounts": [_download_mount(model, read_only=False)],
+        "name": name,
+        "image": image,
+        "command": command,
+        "volumeMounts": [mount],
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
-    if model.credentials_secret:
-        ref = {"name": model.credentials_secret, "key": HF_TOKEN_KEY}
+    if secret:
+        ref = {"name": secret, "key": HF_TOKEN_KEY}
         container["env"] = [{"name": HF_TOKEN_KEY, "valueFrom": {"secretKeyRef": ref}}]
     if security_context:
         container["securityContext"] = security_context
-    return [container]
+    return container
 
 
 def model_volume(model: ModelSpec) -> tuple[dict[str, Any], dict[str, Any]] | None:
@@ -156,14 +181,19 @@ def checkpoints_volume(
 
 
 def dataset_path(dataset: DatasetSpec) -> str:
-    """The dataset file inside the executor pod: relative to /data when it comes from a PVC."""
+    """The dataset file inside the executor pod: relative to /data when it comes from a PVC, to the
+    downloaded repository when it comes from the hub."""
+    if dataset.uri is not None and not posixpath.isabs(dataset.path):
+        return posixpath.join(_download_dir(DATA_MOUNT, dataset.uri), dataset.path)
     if dataset.pvc is not None and not posixpath.isabs(dataset.path):
         return posixpath.join(DATA_MOUNT, dataset.path)
     return dataset.path
 
 
 def dataset_volume(dataset: DatasetSpec) -> tuple[dict[str, Any], dict[str, Any]] | None:
-    """The dataset PVC at /data (read-only); None when the path is in the image or on the node."""
+    """The dataset PVC (or the download's emptyDir) at /data, read-only; None when the path is in the image or on the node."""
+    if dataset.uri is not None:
+        return {"name": DATA_VOLUME, "emptyDir": {}}, {"name": DATA_VOLUME, "mountPath": DATA_MOUNT, "readOnly": True}
     pvc = dataset.pvc
     if pvc is None:
         return None
