@@ -24,6 +24,9 @@ DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
 GPU_RESOURCE_PATTERN = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 OPERATOR_LABEL_PREFIX = "rljob.io/"
 
+# The operator's init containers (downloads of spec.model.uri and spec.rollout.dataset.uri).
+FETCH_MODEL_CONTAINER = "fetch-model"
+FETCH_DATASET_CONTAINER = "fetch-dataset"
 ENGINE_CONTAINER = "engine"
 EXECUTOR_CONTAINER = "executor"
 TRAINER_CONTAINER = "trainer"
@@ -133,6 +136,13 @@ def gpu_message(owned: OwnedFields) -> str:
     )
 
 
+def init_message(owned: OwnedFields) -> str:
+    return (
+        f"spec.{owned.role}.template.spec.initContainers named {FETCH_MODEL_CONTAINER} or {FETCH_DATASET_CONTAINER} "
+        "are the operator's (they download spec.model.uri and spec.rollout.dataset.uri); use another name"
+    )
+
+
 def label_message(owned: OwnedFields) -> str:
     return f"spec.{owned.role}.template.metadata.labels under {OPERATOR_LABEL_PREFIX} are the operator's; use another prefix"
 
@@ -166,6 +176,15 @@ def cel_rules(owned: OwnedFields) -> list[dict[str, str]]:
             " && (!has(c.resources.requests) || !(self.gpuResource in c.resources.requests)))"
         )
         rules.append({"rule": _main(owned, no_gpu), "message": gpu_message(owned), "fieldPath": ".template.spec.containers"})
+    rules.append({
+        "rule": (
+            "!has(self.template) || !has(self.template.spec) || !has(self.template.spec.initContainers)"
+            f" || self.template.spec.initContainers.all(c, c.name != '{FETCH_MODEL_CONTAINER}'"
+            f" && c.name != '{FETCH_DATASET_CONTAINER}')"
+        ),
+        "message": init_message(owned),
+        "fieldPath": ".template.spec.initContainers",
+    })
     rules.append({
         "rule": (
             "!has(self.template) || !has(self.template.metadata) || !has(self.template.metadata.labels)"
@@ -207,6 +226,9 @@ def template_conflict(owned: OwnedFields, template: PodTemplate | None, gpu_reso
             res = c.get("resources") or {}
             if any(gpu_resource in (res.get(k) or {}) for k in ("limits", "requests")):
                 return gpu_message(owned)
+    inits = [c for c in template.spec.get("initContainers") or [] if isinstance(c, dict)]
+    if any(c.get("name") in (FETCH_MODEL_CONTAINER, FETCH_DATASET_CONTAINER) for c in inits):
+        return init_message(owned)
     if any(k.startswith(OPERATOR_LABEL_PREFIX) for k in template.metadata.labels):
         return label_message(owned)
     return None

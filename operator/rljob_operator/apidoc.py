@@ -177,7 +177,8 @@ def render(schema: Schema | None = None) -> str:
         "replaced whole); tolerations and envFrom are appended; `affinity` is replaced whole; any other field "
         "replaces the operator's default (e.g. a `dshm` volume with a `sizeLimit` replaces the operator's "
         "memory-backed `/dev/shm`). What the operator relies on (the main container's image, command, args, "
-        "ports and probes, the GPU count, restartPolicy, hostname and subdomain, labels under rljob.io/) is "
+        "ports and probes, the GPU count, restartPolicy, hostname and subdomain, labels under rljob.io/, the init "
+        "containers fetch-model and fetch-dataset) is "
         "refused at admission with a message naming the field; the schema keeps the Pod API's own fields, "
         "with probes, lifecycle, affinity and the rarer volume types stored as given and checked by the API "
         "server when the pod is created.",

@@ -172,6 +172,9 @@ def _template_cases() -> list[Case]:
             container = {"name": owned.container, "resources": {"limits": {"nvidia.com/gpu": "2"}}}
             out.append(Case(f"{role}-template-gpus", {at: {"spec": {"containers": [container]}}},
                             f"{at}.spec.containers", P.gpu_message(owned)))
+        init = {"name": "fetch-model", "image": "me/mine:1"}
+        out.append(Case(f"{role}-template-fetch-init", {at: {"spec": {"initContainers": [init]}}},
+                        f"{at}.spec.initContainers", P.init_message(owned)))
         out.append(Case(f"{role}-template-operator-label", {at: {"metadata": {"labels": {"rljob.io/role": "x"}}}},
                         f"{at}.metadata.labels", P.label_message(owned)))
     for role in ("inference", "trainer"):

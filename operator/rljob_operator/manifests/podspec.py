@@ -5,7 +5,11 @@ from __future__ import annotations
 import posixpath
 from typing import Any
 
-from controller_runtime.api.podtemplate import DEFAULT_GPU_RESOURCE
+from controller_runtime.api.podtemplate import (
+    DEFAULT_GPU_RESOURCE,
+    FETCH_DATASET_CONTAINER,
+    FETCH_MODEL_CONTAINER,
+)
 from controller_runtime.api.spec import (
     DatasetSpec,
     EnvVar,
@@ -22,8 +26,6 @@ CHECKPOINTS_VOLUME = "checkpoints"
 DATA_VOLUME = "data"
 DATA_MOUNT = "/data"
 SHM_VOLUME = "dshm"
-FETCH_CONTAINER = "fetch-model"
-FETCH_DATASET_CONTAINER = "fetch-dataset"
 FETCH_MODULE = "rljob_client.fetch"
 HF_TOKEN_KEY = "HF_TOKEN"
 
@@ -112,7 +114,7 @@ def model_fetch_containers(spec: RLJobSpec, security_context: dict[str, Any] | N
         return []
     command = ["python", "-m", FETCH_MODULE, "--uri", model.uri, "--dest", model_path(model)]
     mount = _download_mount(model, read_only=False)
-    return [_fetch_container(FETCH_CONTAINER, fetch_image(spec), command, mount, model.credentials_secret, security_context)]
+    return [_fetch_container(FETCH_MODEL_CONTAINER, fetch_image(spec), command, mount, model.credentials_secret, security_context)]
 
 
 def dataset_fetch_containers(spec: RLJobSpec, security_context: dict[str, Any] | None) -> list[dict[str, Any]]:
