@@ -23,6 +23,17 @@ from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema
 
 from controller_runtime.api.base import ApiModel
+from controller_runtime.api.podtemplate import (
+    DEFAULT_GPU_RESOURCE,
+    GPU_RESOURCE_PATTERN,
+    K8S_SCHEMA,
+    OWNED,
+    PodTemplate,
+    cel_rules,
+    env_conflict,
+    env_rule,
+    template_conflict,
+)
 
 CEL = "x-kubernetes-validations"
 
@@ -93,7 +104,9 @@ class PvcSource(ApiModel):
     sub_path: str = Field(default="", max_length=MAX_PATH, description="Path inside the claim.")
 
 
-MODEL_SOURCE_MSG = "spec.model: set path or pvc (where the weights are)"
+MODEL_SOURCE_MSG = "spec.model: set path, pvc or uri (where the weights are)"
+MODEL_URI_EXCLUSIVE_MSG = "spec.model.uri excludes spec.model.path and spec.model.pvc: the weights come from one place"
+MODEL_URI_PATTERN = r"^hf://[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?$"
 MODEL_IMMUTABLE_MSG = "spec.model is immutable; create a new RLJob to change the model"
 
 
@@ -102,7 +115,8 @@ class ModelSpec(ApiModel):
 
     model_config = ApiModel.model_config | {
         "json_schema_extra": cel(
-            ("has(self.path) || has(self.pvc)", MODEL_SOURCE_MSG),
+            ("has(self.path) || has(self.pvc) || has(self.uri)", MODEL_SOURCE_MSG),
+            ("!has(self.uri) || (!has(self.path) && !has(self.pvc))", MODEL_URI_EXCLUSIVE_MSG, ".uri"),
             ("self == oldSelf", MODEL_IMMUTABLE_MSG),
         )
     }
@@ -114,12 +128,31 @@ class ModelSpec(ApiModel):
         description="Path to a HuggingFace-format model directory (local mode, or a hostPath/volume path).",
     )
     pvc: PvcSource | None = Field(default=None, description="PVC holding the model; mounted at /models in engine and trainer pods.")
+    uri: str | None = Field(
+        default=None,
+        max_length=MAX_PATH,
+        pattern=MODEL_URI_PATTERN,
+        description=(
+            "hf://ORG/NAME[@REVISION]: a Hugging Face repository, downloaded by an init container of every pod "
+            "that reads the model (into spec.model.cache, else the pod's own volume) and mounted at /models."
+        ),
+    )
+    credentials_secret: str | None = Field(
+        default=None, min_length=1, max_length=MAX_NAME,
+        description="Secret (in the RLJob's namespace) whose key HF_TOKEN is the token the download uses.",
+    )
+    cache: PvcSource | None = Field(
+        default=None,
+        description="PVC the download goes to, so that recreated pods do not download again (one per pod otherwise).",
+    )
     tokenizer: str | None = Field(default=None, max_length=MAX_PATH, description="Tokenizer directory; defaults to the model directory.")
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSpec:
-        if self.path is None and self.pvc is None:
+        if self.path is None and self.pvc is None and self.uri is None:
             raise ValueError(MODEL_SOURCE_MSG)
+        if self.uri is not None and (self.path is not None or self.pvc is not None):
+            raise ValueError(MODEL_URI_EXCLUSIVE_MSG)
         return self
 
 
@@ -235,10 +268,21 @@ class Toleration(ApiModel):
 
 
 class EnvVar(ApiModel):
-    """A plain environment variable."""
+    """An environment variable: a value, or one read from a Secret, ConfigMap or the pod (valueFrom)."""
 
     name: str = Field(min_length=1, max_length=MAX_NAME, description="Variable name.")
-    value: str = Field(default="", description="Variable value.")
+    value: str = Field(default="", max_length=32768, description="Variable value.")
+    value_from: dict[str, Any] | None = Field(
+        default=None,
+        json_schema_extra={K8S_SCHEMA: "EnvVarSource", "type": "object"},
+        description="A Kubernetes EnvVarSource: secretKeyRef, configMapKeyRef, fieldRef or resourceFieldRef (e.g. HF_TOKEN from a Secret).",
+    )
+
+    def to_pod(self) -> dict[str, Any]:
+        """The Pod spec's env entry."""
+        if self.value_from is not None:
+            return {"name": self.name, "valueFrom": self.value_from}
+        return {"name": self.name, "value": self.value}
 
 
 class Resources(ApiModel):
@@ -346,6 +390,8 @@ class InferenceSpec(ApiModel):
                 SHARED_PATH_IMMUTABLE_MSG,
                 ".weightUpdate.sharedPath",
             ),
+            *cel_rules(OWNED["inference"]),
+            env_rule("inference"),
         )
     }
 
@@ -362,6 +408,18 @@ class InferenceSpec(ApiModel):
     resources: Resources = Field(default_factory=Resources, description="Engine container resources besides GPUs (GPUs come from gpusPerEngine).")
     placement: Placement = Field(default_factory=Placement, description="nodeSelector, tolerations, affinity, priorityClassName of engine pods.")
     pod_metadata: PodMetadata = Field(default_factory=PodMetadata, description="Extra labels/annotations on engine pods.")
+    gpu_resource: str = Field(
+        default=DEFAULT_GPU_RESOURCE, min_length=1, max_length=MAX_NAME, pattern=GPU_RESOURCE_PATTERN,
+        description="Extended resource name of a GPU on your nodes, e.g. nvidia.com/gpu or amd.com/gpu.",
+    )
+    template: PodTemplate | None = Field(
+        default=None,
+        description=(
+            "A pod template merged into the engine pods the operator builds (volumes, sidecars, init containers, "
+            "imagePullSecrets, securityContext, envFrom...); env, resources, placement and podMetadata are shorthands merged before it. "
+            "Fields the operator owns are refused."
+        ),
+    )
     health_check: HealthCheckSpec = Field(default_factory=HealthCheckSpec, description="How engine health is probed.")
     restart_policy: RestartPolicySpec = Field(default_factory=RestartPolicySpec, description="How unhealthy cells are recreated, and how often at most.")
     offload: OffloadSpec = Field(default_factory=OffloadSpec, description="Start engines able to release their GPU memory, for the controller API's offload/onload (a trainer of your own that shares their GPUs).")
@@ -390,6 +448,9 @@ class InferenceSpec(ApiModel):
             raise ValueError(TP_DIVIDES_MSG)
         if self.weight_update.method == WeightUpdateMethod.nccl and gpus == 0:
             raise ValueError(NCCL_NEEDS_GPUS_MSG)
+        conflict = env_conflict("inference", self.env) or template_conflict(OWNED["inference"], self.template, self.gpu_resource)
+        if conflict:
+            raise ValueError(conflict)
         return self
 
 
@@ -398,16 +459,42 @@ class DatasetFormat(StrEnum):
     parquet = "parquet"
 
 
+DATASET_URI_EXCLUSIVE_MSG = "spec.rollout.dataset.uri excludes spec.rollout.dataset.pvc: the prompts come from one place"
+
+
 class DatasetSpec(ApiModel):
     """The prompts the executor samples from."""
 
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": cel(("!has(self.uri) || !has(self.pvc)", DATASET_URI_EXCLUSIVE_MSG, ".uri")),
+    }
+
     path: str = Field(min_length=1, max_length=MAX_PATH, description="JSONL or Parquet file of prompts (a path inside the executor pod, or local path in local mode).")
     pvc: PvcSource | None = Field(default=None, description="PVC holding the dataset, mounted at /data in the executor pod; path is then relative to /data.")
+    uri: str | None = Field(
+        default=None,
+        max_length=MAX_PATH,
+        pattern=MODEL_URI_PATTERN,
+        description=(
+            "hf://ORG/NAME[@REVISION]: a Hugging Face dataset repository, downloaded by an init container of the "
+            "executor pod; path is then the file inside the repository."
+        ),
+    )
+    credentials_secret: str | None = Field(
+        default=None, min_length=1, max_length=MAX_NAME,
+        description="Secret (in the RLJob's namespace) whose key HF_TOKEN is the token the download uses.",
+    )
     format: DatasetFormat | None = Field(default=None, description="Defaults to the file extension.")
     prompt_field: str = Field(default="prompt", min_length=1, max_length=MAX_NAME, description="Field holding the prompt text.")
     label_field: str | None = Field(default="label", max_length=MAX_NAME, description="Field handed to the reward function as the reference answer; empty for rewards that need none (null means the same, but client-side `kubectl apply` drops nulls, so write \"\").")
     shuffle: bool = Field(default=True, description="Shuffle deterministically each epoch.")
     seed: int = Field(default=0, description="Seed of the shuffle; the position is saved so a restart resumes.")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DatasetSpec:
+        if self.uri is not None and self.pvc is not None:
+            raise ValueError(DATASET_URI_EXCLUSIVE_MSG)
+        return self
 
 
 class SamplingSpec(ApiModel):
@@ -499,6 +586,8 @@ class PolicyEvalSpec(ApiModel):
 class RolloutSpec(ApiModel):
     """The RolloutExecutor: generation against the serving engines, scoring, batches for the trainers."""
 
+    model_config = ApiModel.model_config | {"json_schema_extra": cel(*cel_rules(OWNED["rollout"]))}
+
     image: str = Field(default="ghcr.io/rljob/rollout-executor:0.1.0", min_length=1, max_length=MAX_IMAGE, description="RolloutExecutor image.")
     resources: Resources = Field(default_factory=Resources, description="Executor container resources.")
     pod_metadata: PodMetadata = Field(default_factory=PodMetadata, description="Extra labels/annotations on executor pods.")
@@ -511,6 +600,21 @@ class RolloutSpec(ApiModel):
     on_weight_update: OnWeightUpdate = Field(default=OnWeightUpdate.drain, description="drain: finish in-flight requests first; abort: abort and retry them on the new weights.")
     ray_cluster: RayClusterSpec | None = Field(default=None, description="Optional KubeRay RayCluster for the executor.")
     eval: PolicyEvalSpec | None = Field(default=None, description="Evaluate the policy every N steps (pass@1 and mean reward on an eval set).")
+    template: PodTemplate | None = Field(
+        default=None,
+        description=(
+            "A pod template merged into the executor pods the operator builds (volumes, sidecars, init containers, "
+            "imagePullSecrets, securityContext, envFrom...); resources and podMetadata are shorthands merged before it. "
+            "Fields the operator owns are refused."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _template_leaves_the_operators_fields(self) -> RolloutSpec:
+        conflict = template_conflict(OWNED["rollout"], self.template, None)
+        if conflict:
+            raise ValueError(conflict)
+        return self
 
 
 class OffPolicyMode(StrEnum):
@@ -638,6 +742,8 @@ class TrainerSpec(ApiModel):
         "json_schema_extra": cel(
             ("!(has(self.workloadRef) && has(self.command))", TRAINER_EXCLUSIVE_MSG, ".workloadRef"),
             ("!self.colocate", COLOCATE_REFUSED_MSG, ".colocate"),
+            *cel_rules(OWNED["trainer"]),
+            env_rule("trainer"),
         )
     }
 
@@ -650,6 +756,18 @@ class TrainerSpec(ApiModel):
     resources: Resources = Field(default_factory=Resources, description="Trainer container resources besides GPUs.")
     placement: Placement = Field(default_factory=Placement, description="nodeSelector, tolerations, affinity, priorityClassName of trainer pods.")
     pod_metadata: PodMetadata = Field(default_factory=PodMetadata, description="Extra labels/annotations on trainer pods.")
+    gpu_resource: str = Field(
+        default=DEFAULT_GPU_RESOURCE, min_length=1, max_length=MAX_NAME, pattern=GPU_RESOURCE_PATTERN,
+        description="Extended resource name of a GPU on your nodes, e.g. nvidia.com/gpu or amd.com/gpu.",
+    )
+    template: PodTemplate | None = Field(
+        default=None,
+        description=(
+            "A pod template merged into the trainer pods the operator builds (volumes, sidecars, init containers, "
+            "imagePullSecrets, securityContext, envFrom...); env, resources, placement and podMetadata are shorthands merged before it. "
+            "Fields the operator owns are refused."
+        ),
+    )
     service_account_name: str | None = Field(default=None, max_length=MAX_NAME, description="ServiceAccount of trainer pods; it must be allowed `update` on rljobs/control.")
     colocate: bool = Field(
         default=False,
@@ -687,6 +805,9 @@ class TrainerSpec(ApiModel):
             raise ValueError(TRAINER_EXCLUSIVE_MSG)
         if self.colocate:
             raise ValueError(COLOCATE_REFUSED_MSG)
+        conflict = env_conflict("trainer", self.env) or template_conflict(OWNED["trainer"], self.template, self.gpu_resource)
+        if conflict:
+            raise ValueError(conflict)
         return self
 
 

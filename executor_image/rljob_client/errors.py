@@ -17,6 +17,7 @@ table's `ControllerAPIError` (`controller_runtime.api.wire_errors`), which the s
     ├── RankFailed (RuntimeError)                trainer.ranks: another trainer rank died or hung
     ├── CheckpointError                          trainer.checkpoint: a checkpoint that cannot be used
     ├── CheckpointSaveFailed (RuntimeError)      trainer.resume: a background save failed
+    ├── FetchError                               fetch: a model or dataset that cannot be downloaded as asked
     ├── DatasetError                             rollout_executor.dataset: the dataset cannot be read
     ├── GenerationError                          rollout_executor.generation: a sample cannot be generated
     ├── EngineFailure                            rollout_executor.generation: one attempt failed (the engine)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 from controller_runtime.api.spec import Engine, RLJobSpec, WeightUpdateMethod
+from rljob_cli.podsettings import pod_settings_problems
 
 GIB = 2**30
 BYTES_PER_CPU_ENGINE = int(3.3 * GIB)  # one vLLM CPU server on the tiny model, 1 GiB KV cache
@@ -69,7 +70,8 @@ def local_mode_problems(spec: RLJobSpec, available_bytes: int) -> list[str]:
     return problems
 
 
-def check_local_mode(spec: RLJobSpec, available_bytes: int) -> None:
-    problems = local_mode_problems(spec, available_bytes)
+def check_local_mode(spec: RLJobSpec, available_bytes: int, env_file: dict[str, str] | None = None) -> None:
+    """Refuse, naming every field to change, a spec that cannot run here (machine size, then pod settings)."""
+    problems = local_mode_problems(spec, available_bytes) + pod_settings_problems(spec, env_file or {})
     if problems:
         raise LocalModeError("this manifest cannot run in local mode:\n  - " + "\n  - ".join(problems))

@@ -23,6 +23,8 @@ def parser() -> argparse.ArgumentParser:
                         "Client, exactly as in a trainer pod (default: in this process)")
     r.add_argument("--metrics-port", type=int, default=0,
                    help="serve the trainer's Prometheus /metrics on 127.0.0.1:PORT (the executor's: its data_url)")
+    r.add_argument("--env-file", type=Path, default=None,
+                   help="NAME=value lines: values of spec env entries that read a Secret or ConfigMap (valueFrom)")
     r.add_argument("-v", "--verbose", action="store_true", help="log controller and trainer details")
     s = sub.add_parser("status", help="show an RLJob's engines, weight version and lock from the cluster")
     s.add_argument("name")
@@ -55,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
 
     out = args.out or Path("rljob-runs") / args.manifest.stem
     code = run(RunOptions(manifest=args.manifest, out=out, steps=args.steps, cwd=Path.cwd(),
-                           trainer_process=args.trainer_process, metrics_port=args.metrics_port))
+                           trainer_process=args.trainer_process, metrics_port=args.metrics_port,
+                           env_file=args.env_file))
     sys.stdout.flush()
     sys.stderr.flush()
     if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):

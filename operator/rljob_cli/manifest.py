@@ -93,6 +93,35 @@ def resolve_paths(manifest: RLJobManifest, cwd: Path) -> RLJobManifest:
     return manifest.model_copy(update={"spec": spec.model_copy(update={"model": model, "rollout": rollout})})
 
 
+def fetch_model(manifest: RLJobManifest, cache_dir: Path, token: str | None) -> RLJobManifest:
+    """spec.model.uri and spec.rollout.dataset.uri downloaded into `cache_dir` (skipped when already
+    there), as spec.model.path and spec.rollout.dataset.path.
+
+    Local mode's stand-in for the pods' init container: the same downloader, the token from
+    the env file or the shell (HF_TOKEN), the hub from HF_ENDPOINT when set."""
+    from rljob_client.fetch import FetchError, fetch_hf, parse_uri
+
+    def download(field: str, uri: str, repo_type: str) -> Path:
+        src = parse_uri(uri)
+        dest = cache_dir / repo_type / "hf" / src.repo_id / (src.revision or "main")
+        try:
+            return fetch_hf(src, dest, token=token, endpoint=os.environ.get("HF_ENDPOINT"), repo_type=repo_type)
+        except FetchError as e:
+            raise ManifestError(f"{field}: {e}") from e
+
+    spec = manifest.spec
+    if spec.model.uri is not None:
+        path = download("spec.model.uri", spec.model.uri, "model")
+        model = spec.model.model_copy(update={"uri": None, "path": str(path), "cache": None, "credentials_secret": None})
+        spec = spec.model_copy(update={"model": model})
+    dataset = spec.rollout.dataset if spec.rollout is not None else None
+    if spec.rollout is not None and dataset is not None and dataset.uri is not None:
+        path = download("spec.rollout.dataset.uri", dataset.uri, "dataset") / dataset.path
+        local = dataset.model_copy(update={"uri": None, "path": str(path), "credentials_secret": None})
+        spec = spec.model_copy(update={"rollout": spec.rollout.model_copy(update={"dataset": local})})
+    return manifest.model_copy(update={"spec": spec})
+
+
 def ensure_model(model_path: str) -> tuple[Path, bool]:
     """The model dir, building the toy's tiny model when it is missing; (path, built)."""
     path = Path(model_path)

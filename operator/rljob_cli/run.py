@@ -56,7 +56,16 @@ from rljob_cli.capacity import LocalModeError, check_local_mode
 from rljob_cli.children import ChildProcesses
 from rljob_cli.local_api import LocalControlAPI
 from rljob_cli.local_platform import LocalPlatform, VLLMLauncher
-from rljob_cli.manifest import ManifestError, dump, ensure_model, job_name, load_manifest, resolve_paths
+from rljob_cli.manifest import (
+    ManifestError,
+    dump,
+    ensure_model,
+    fetch_model,
+    job_name,
+    load_manifest,
+    resolve_paths,
+)
+from rljob_cli.podsettings import EnvFileError, parse_env_file, process_env
 from rljob_cli.progress import Progress
 from rljob_cli.vllm_process import die_with_parent, free_port
 
@@ -84,6 +93,8 @@ class RunOptions:
     trainer_process: bool = False  # run `python -m rljob_client.trainer` over HTTP, as in a pod
     overlap: bool | None = None  # generate rollout n+1 while training on n; None: the spec's default (loop.py)
     metrics_port: int = 0  # serve the trainer's Prometheus metrics on 127.0.0.1:PORT (0: off)
+    env_file: Path | None = None  # NAME=value lines: the values of env entries that read a Secret or ConfigMap
+    cache_dir: Path = Path.home() / ".cache" / "rljob"  # where spec.model.uri and dataset.uri are downloaded
 
 
 @dataclass(frozen=True)
@@ -94,19 +105,34 @@ class Prepared:
     job: str
     steps: int
     model_built: bool
+    env_file: dict[str, str]
 
 
 def prepare(opts: RunOptions) -> Prepared:
     """Everything that can fail before a process is started (exit code 2 with a message)."""
     manifest = load_manifest(opts.manifest)
-    check_local_mode(manifest.spec, psutil.virtual_memory().available)
+    env_file = read_env_file(opts.env_file)
+    check_local_mode(manifest.spec, psutil.virtual_memory().available, env_file)
+    token = env_file.get("HF_TOKEN") or os.environ.get("HF_TOKEN")
+    manifest = fetch_model(manifest, opts.cache_dir, token)
     manifest = resolve_paths(manifest, opts.cwd.resolve())
     assert manifest.spec.model.path is not None
     _, built = ensure_model(manifest.spec.model.path)
     steps = opts.steps if opts.steps is not None else manifest.spec.trainer.reference.steps
     if steps < 1:
         raise ManifestError("--steps must be at least 1")
-    return Prepared(manifest, job_name(manifest, opts.manifest), steps, built)
+    return Prepared(manifest, job_name(manifest, opts.manifest), steps, built, env_file)
+
+
+def read_env_file(path: Path | None) -> dict[str, str]:
+    if path is None:
+        return {}
+    try:
+        return parse_env_file(path.read_text(), str(path))
+    except OSError as e:
+        raise ManifestError(f"--env-file {path}: {e.strerror}") from e
+    except EnvFileError as e:
+        raise ManifestError(str(e)) from e
 
 
 def start_logged(argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
@@ -230,7 +256,7 @@ class LocalRun:
         assert model is not None
         self.platform = LocalPlatform(
             VLLMLauncher(model, self.logs, tokenizer=self.spec.model.tokenizer, extra_args=inf.engine_args,
-                         env={e.name: e.value for e in inf.env}),
+                         env=process_env("inference", inf.env, self.prepared.env_file)[0]),
             on_spawn=self.children.note,
         )
         self.controller = InferenceController(
@@ -317,6 +343,7 @@ class LocalRun:
                    RANK="0", WORLD_SIZE="1", POD_NAME="trainer-0", RLJOB_WEIGHT_UPDATE_METHOD="disk",
                    RLJOB_OVERLAP="1" if (self.opts.overlap if self.opts.overlap is not None
                                          else default_overlap(self.spec)) else "0")
+        env.update(process_env("trainer", self.spec.trainer.env, self.prepared.env_file)[0])
         world = self.spec.trainer.replicas
         argv = [sys.executable, "-m", "rljob_client.trainer", "--model", str(self.spec.model.path),
                 "--steps", str(self.prepared.steps), "--learning-rate", repr(ref.learning_rate),

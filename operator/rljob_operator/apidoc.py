@@ -14,6 +14,7 @@ from typing import Any
 from rljob_operator import crdgen
 from rljob_operator.generated import generator_main
 from rljob_operator.kinds import GROUP, KIND, VERSION
+from rljob_operator.podschema import embedded_kind
 from rljob_operator.structural import Schema
 
 DOC_PATH = crdgen.REPO_ROOT / "docs" / "api-reference.md"
@@ -42,6 +43,9 @@ def _literal(text: str) -> str:
 def type_name(node: Schema) -> str:
     """The type as a reader thinks of it: `[]string`, `map[string]string`, `object`..."""
     kind = node.get("type", "any")
+    embedded = embedded_kind(node)
+    if embedded is not None:
+        return f"{embedded} (core/v1)"
     if kind == "array":
         return "[]" + type_name(node.get("items", {}))
     if kind == "object" and isinstance(node.get("additionalProperties"), dict):
@@ -82,11 +86,14 @@ def _anchor(path: str) -> str:
 
 
 def _is_section(node: Schema) -> bool:
-    return node.get("type") == "object" and "properties" in node
+    """An object with named fields of ours; an embedded Kubernetes type is documented by `kubectl explain`."""
+    return node.get("type") == "object" and "properties" in node and embedded_kind(node) is None
 
 
 def _sections(node: Schema, path: str) -> list[tuple[str, Schema]]:
     """Every object with named fields, depth first, in declaration order."""
+    if embedded_kind(node) is not None:
+        return []
     out = [(path, node)] if _is_section(node) else []
     for name, sub in node.get("properties", {}).items():
         out += _sections(sub, f"{path}.{name}")
@@ -156,8 +163,31 @@ def render(schema: Schema | None = None) -> str:
         "- Field names are camelCase on the wire. A block whose default is *its fields' defaults* is created "
         "for you when left out, so `kubectl get rlj NAME -o yaml` shows every effective setting.",
         "- Unknown fields are rejected by `kubectl apply` (server-side field validation, strict by default) "
-        "and by local mode; only `affinity` and `rollout.reward.args` take free-form content.",
+        "and by local mode; only `affinity`, `rollout.reward.args` and parts of pod templates take free-form content.",
         "- A `null` is the same as leaving the field out, except where a field says *may be null*.",
+        "",
+        "## Pod templates",
+        "",
+        "`spec.inference.template`, `spec.rollout.template` and `spec.trainer.template` are Kubernetes "
+        "PodTemplateSpecs (`kubectl explain rlj.spec.trainer.template.spec`) merged into the pods the operator "
+        "builds: engine cell pods, the executor Deployment's pods and the trainer Job's pods. The main container "
+        "is named `engine`, `executor` or `trainer`: a container of that name in the template adds to it, other "
+        "containers are added as sidecars. Maps merge key by key (the template wins); env, volumes and "
+        "imagePullSecrets merge by name, ports by containerPort, volumeMounts by mountPath (a matching entry is "
+        "replaced whole); tolerations and envFrom are appended; `affinity` is replaced whole; any other field "
+        "replaces the operator's default (e.g. a `dshm` volume with a `sizeLimit` replaces the operator's "
+        "memory-backed `/dev/shm`). What the operator relies on (the main container's image, command, args, "
+        "ports and probes, the GPU count, restartPolicy, hostname and subdomain, labels under rljob.io/, the init "
+        "containers fetch-model and fetch-dataset) is "
+        "refused at admission with a message naming the field; the schema keeps the Pod API's own fields, "
+        "with probes, lifecycle, affinity and the rarer volume types stored as given and checked by the API "
+        "server when the pod is created.",
+        "",
+        "`env`, `resources`, `placement` and `podMetadata` stay as shorthands: they are applied first and the "
+        "template is merged over them. `env[].valueFrom` reads a Secret or ConfigMap (e.g. `HF_TOKEN`); "
+        "`gpuResource` names the GPU extended resource (`nvidia.com/gpu` by default, `amd.com/gpu` for AMD). "
+        "Local mode (`rljob run`) runs processes, not pods: it takes `valueFrom` values from `--env-file` and "
+        "refuses templates, node selectors and affinity, saying what to remove.",
         "",
         "## Cross-field rules",
         "",

@@ -14,7 +14,9 @@ schema into a *structural* OpenAPI v3 schema as the API server requires it:
 - defaults kept for `spec` (default factories too: a nested model's default is its fields'
   defaults written out, so a stored RLJob shows every effective setting and the CEL rules
   see them); dropped for `status`, which the operator always writes whole;
-- CEL rules (`x-kubernetes-validations`) and descriptions kept.
+- CEL rules (`x-kubernetes-validations`) and descriptions kept;
+- a field marked with a Kubernetes type (`K8S_SCHEMA`: PodSpec, EnvVarSource) carries that
+  type's vendored schema (`rljob_operator.podschema`).
 
 Output is byte-stable: keys in a fixed order, properties in declaration order.
 """
@@ -32,8 +34,10 @@ from pydantic.json_schema import GenerateJsonSchema, NoDefault
 from pydantic_core import core_schema
 
 from controller_runtime.api import RLJobSpec, RLJobStatus
+from controller_runtime.api.podtemplate import K8S_SCHEMA
 from rljob_operator.generated import generator_main
 from rljob_operator.kinds import API_VERSION, GROUP, KIND, LIST_KIND, PLURAL, VERSION
+from rljob_operator.podschema import k8s_schema
 from rljob_operator.structural import Schema, strip_empty
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -117,6 +121,11 @@ def _convert(node: Schema, defs: dict[str, Schema], *, keep_defaults: bool, path
     if "anyOf" in node:
         node, had_null = _fold_any_of(node, defs, path)
         node = _resolve(node, defs)
+    if K8S_SCHEMA in node:  # a Kubernetes type: its vendored structural schema (rljob_operator.podschema)
+        embedded = k8s_schema(node[K8S_SCHEMA])
+        if "description" in node:
+            embedded["description"] = node["description"]
+        return _ordered(embedded)
     for forbidden in ("oneOf", "allOf", "not"):
         if forbidden in node:
             raise UnsupportedSchema(f"{path}: {forbidden} is not supported in the CRD schema")

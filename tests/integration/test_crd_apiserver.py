@@ -195,3 +195,20 @@ def test_full_status_round_trips_through_the_status_subresource(crd, namespace: 
     crd.kubectl("patch", "rljob", "full-status", "-n", namespace, "--subresource=status", "--type=merge",
                 "-p", json.dumps({"status": wire}))
     assert get_json(crd, namespace, "full-status")["status"] == wire
+
+
+def test_pod_template_schema_is_served(crd, namespace: str) -> None:
+    """The template carries the real PodSpec schema: explained, applied, and a misspelt pod field refused."""
+    out = crd.kubectl("explain", "rlj.spec.inference.template.spec.schedulerName").stdout
+    assert "schedulerName" in out and "<string>" in out
+    manifest = yaml.safe_load((REPO_ROOT / "tests" / "unit" / "golden" / "jobs" / "pod-templates.yaml").read_text())
+    manifest["metadata"] = {"name": "with-templates"}
+    res = apply(crd, namespace, manifest)
+    assert res.returncode == 0, res.stderr
+    stored = get_json(crd, namespace, "with-templates")["spec"]
+    assert stored["inference"]["template"]["spec"]["volumes"][0]["emptyDir"]["sizeLimit"] == "32Gi"
+    assert RLJobSpec.model_validate(stored) == RLJobSpec.model_validate(manifest["spec"])
+    bad = edited(manifest, {"spec.trainer.template.spec.hostNetwrk": True})
+    bad["metadata"] = {"name": "misspelt"}
+    res = apply(crd, namespace, bad)
+    assert res.returncode != 0 and "spec.trainer.template.spec.hostNetwrk" in res.stderr, res.stderr

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
+from controller_runtime.api import podtemplate as P
 from controller_runtime.api import spec as S
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -76,6 +77,9 @@ INVALID = [
         "because a cell spans whole nodes; use 4 or 8",
     ),
     Case("model-without-source", {"spec.model": {"tokenizer": "/tok"}}, "spec.model", S.MODEL_SOURCE_MSG),
+    Case("dataset-uri-beside-pvc", {"spec.rollout.dataset.uri": "hf://openai/gsm8k"}, "spec.rollout.dataset.uri",
+         S.DATASET_URI_EXCLUSIVE_MSG),
+    Case("model-uri-beside-pvc", {"spec.model.uri": "hf://Qwen/Qwen2.5-7B-Instruct"}, "spec.model.uri", S.MODEL_URI_EXCLUSIVE_MSG),
     Case(
         "offload-enabled-without-tags",
         {"spec.inference.offload": {"enabled": True, "tags": []}},
@@ -150,8 +154,87 @@ INVALID = [
     ),
 ]
 
+# A value for each field a template may not set (pod-level, then main container).
+_OWNED_VALUES: dict[str, Any] = {
+    "restartPolicy": "OnFailure", "hostname": "h", "subdomain": "s", "image": "me/mine:1", "command": ["sh"],
+    "args": ["-c", "true"], "ports": [{"containerPort": 9000}], "readinessProbe": {"exec": {"command": ["true"]}},
+    "livenessProbe": {"exec": {"command": ["true"]}}, "startupProbe": {"exec": {"command": ["true"]}},
+}  # fmt: skip
+
+
+def _template_cases() -> list[Case]:
+    """One case per field `controller_runtime.api.podtemplate.OWNED` keeps for the operator."""
+    out = []
+    for role, owned in P.OWNED.items():
+        at = f"spec.{role}.template"
+        for name in owned.pod:
+            out.append(Case(f"{role}-template-{name}", {at: {"spec": {name: _OWNED_VALUES[name]}}},
+                            f"{at}.spec.{name}", P.pod_field_message(owned, name)))
+        for name in owned.main:
+            container = {"name": owned.container, name: _OWNED_VALUES[name]}
+            out.append(Case(f"{role}-template-main-{name}", {at: {"spec": {"containers": [container]}}},
+                            f"{at}.spec.containers", P.main_field_message(owned, name)))
+        if owned.gpus is not None:
+            container = {"name": owned.container, "resources": {"limits": {"nvidia.com/gpu": "2"}}}
+            out.append(Case(f"{role}-template-gpus", {at: {"spec": {"containers": [container]}}},
+                            f"{at}.spec.containers", P.gpu_message(owned)))
+        init = {"name": "fetch-model", "image": "me/mine:1"}
+        out.append(Case(f"{role}-template-fetch-init", {at: {"spec": {"initContainers": [init]}}},
+                        f"{at}.spec.initContainers", P.init_message(owned)))
+        out.append(Case(f"{role}-template-operator-label", {at: {"metadata": {"labels": {"rljob.io/role": "x"}}}},
+                        f"{at}.metadata.labels", P.label_message(owned)))
+    for role in ("inference", "trainer"):
+        both = [{"name": "HF_TOKEN", "value": "x", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}]
+        out.append(Case(f"{role}-env-value-and-value-from", {f"spec.{role}.env": both}, f"spec.{role}.env", P.env_message(role)))
+    return out  # fmt: skip
+
+
+INVALID += _template_cases()
+
+# A template for every role that sets none of the operator's fields.
+FULL_TEMPLATE: dict[str, Any] = {
+    "metadata": {"labels": {"team": "rl"}, "annotations": {"example.com/owner": "me"}},
+    "spec": {
+        "imagePullSecrets": [{"name": "regcred"}],
+        "schedulerName": "volcano",
+        "hostIPC": True,
+        "securityContext": {"runAsUser": 1000, "fsGroup": 1000},
+        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}},
+                    {"name": "cfg", "configMap": {"name": "my-config"}}],
+        "initContainers": [{"name": "warm", "image": "busybox:1.36", "command": ["true"]}],
+        "containers": [{"name": "sidecar", "image": "busybox:1.36", "command": ["sleep", "inf"]}],
+    },
+}  # fmt: skip
+
+
+def _with_main(template: dict[str, Any], container: str, gpu_resource: str = "nvidia.com/gpu") -> dict[str, Any]:
+    out = copy.deepcopy(template)
+    out["spec"]["containers"].append({
+        "name": container,
+        "envFrom": [{"secretRef": {"name": "wandb"}}],
+        "env": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}],
+        "volumeMounts": [{"name": "cfg", "mountPath": "/etc/cfg", "readOnly": True}],
+        "resources": {"limits": {"rdma/ib": "1", "memory": "64Gi"}, "requests": {"memory": "64Gi"}},
+        "securityContext": {"capabilities": {"add": ["IPC_LOCK"]}},
+    })
+    return out
+
+
 # Variations near the rules that must stay valid.
 VALID_EDITS = {
+    "templates-of-every-role": {
+        "spec.inference.template": _with_main(FULL_TEMPLATE, P.ENGINE_CONTAINER),
+        "spec.rollout.template": _with_main(FULL_TEMPLATE, P.EXECUTOR_CONTAINER),
+        "spec.trainer.template": _with_main(FULL_TEMPLATE, P.TRAINER_CONTAINER),
+    },
+    "amd-gpus-with-other-vendor-in-template": {
+        "spec.inference.gpuResource": "amd.com/gpu",
+        "spec.inference.template": {"spec": {"containers": [{"name": "engine", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}},
+    },
+    "sidecar-with-gpus": {"spec.trainer.template": {"spec": {"containers": [{"name": "aux", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}},
+    "dataset-from-the-hub": {"spec.rollout.dataset": {"uri": "hf://openai/gsm8k@main", "path": "main/train.parquet", "credentialsSecret": "hf"}},
+    "model-from-the-hub": {"spec.model": {"uri": "hf://Qwen/Qwen2.5-7B-Instruct@main", "credentialsSecret": "hf", "cache": {"claimName": "hf-cache"}}},
+    "env-from-secret": {"spec.inference.env": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}]},
     "two-node-cell": {"spec.inference.gpusPerEngine": 16, "spec.inference.tensorParallelSize": 8},
     "cell-smaller-than-node": {"spec.inference.gpusPerEngine": 3, "spec.inference.tensorParallelSize": DELETE},
     "cpu-engines": {"spec.inference.gpusPerEngine": 0},
@@ -266,6 +349,7 @@ MALFORMED = [
         "greater than 0",
     ),
     Malformed("unknown-engine", {"spec.inference.engine": "tgi"}, "spec.inference.engine", 'Unsupported value: "tgi"'),
+    Malformed("model-uri-not-hf", {"spec.model": {"uri": "s4://bucket/model"}}, "spec.model.uri", "should match"),
     Malformed("bad-reward-path", {"spec.rollout.reward.function": "not a function"}, "spec.rollout.reward.function", "should match"),
     Malformed("missing-dataset", {"spec.rollout": {"batchSize": 4}}, "spec.rollout.dataset", "Required value"),
     Malformed("too-many-tags", {"spec.inference.offload.tags": ["weights"] * 4}, "spec.inference.offload.tags", "must have at most 3 items"),

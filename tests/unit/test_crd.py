@@ -10,6 +10,7 @@ import yaml
 from pydantic import BaseModel
 from rljob_operator import apidoc, crdgen
 from rljob_operator.celcheck import CelChecker
+from rljob_operator.podschema import embedded_kind
 from rljob_operator.structural import apply_defaults, pruned_paths, walk
 
 from controller_runtime.api import RLJobSpec, RLJobStatus
@@ -92,6 +93,12 @@ def test_printer_columns_point_at_status_fields(schema: dict[str, Any], crd: dic
             assert field["type"] == column["type"], column
 
 
+def ours(schema: dict[str, Any], path: str = "") -> list[tuple[str, dict[str, Any]]]:
+    """`walk`, without the insides of embedded Kubernetes types (PodSpec, EnvVarSource): those are the Pod API's."""
+    embedded = [p for p, node in walk(schema, path) if embedded_kind(node) is not None]
+    return [(p, node) for p, node in walk(schema, path) if not any(p.startswith(e) and p != e for e in embedded)]
+
+
 FORBIDDEN_KEYS = {"$ref", "$defs", "anyOf", "oneOf", "allOf", "not", "title", "const", "definitions"}
 
 
@@ -99,7 +106,8 @@ def test_schema_is_structural(schema: dict[str, Any]) -> None:
     """What the API server demands of a structural schema (apiextensions validation)."""
     for path, node in walk(schema):
         assert not FORBIDDEN_KEYS & set(node), f"{path}: {FORBIDDEN_KEYS & set(node)}"
-        assert "type" in node or node.get("x-kubernetes-preserve-unknown-fields"), f"{path} has no type"
+        has_type = "type" in node or node.get("x-kubernetes-preserve-unknown-fields") or node.get("x-kubernetes-int-or-string")
+        assert has_type, f"{path} has no type"
         extra = node.get("additionalProperties")
         assert extra is None or isinstance(extra, dict), f"{path}: additionalProperties must be a schema"
         assert not (extra is not None and "properties" in node), f"{path}: properties and additionalProperties"
@@ -112,14 +120,14 @@ def test_schema_is_structural(schema: dict[str, Any]) -> None:
 
 def test_unknown_fields_are_not_preserved_in_spec(schema: dict[str, Any]) -> None:
     """Only free-form blocks keep unknown fields; everything else is pruned (and rejected by kubectl)."""
-    preserved = {path for path, node in walk(schema["properties"]["spec"]) if node.get("x-kubernetes-preserve-unknown-fields")}
+    preserved = {path for path, node in ours(schema["properties"]["spec"]) if node.get("x-kubernetes-preserve-unknown-fields")}
     assert preserved == {".inference.placement.affinity", ".trainer.placement.affinity", ".rollout.reward.args"}
 
 
 def test_every_spec_and_status_field_is_described(schema: dict[str, Any]) -> None:
     missing = [
         path for part in ("spec", "status")
-        for path, node in walk(schema["properties"][part], part)
+        for path, node in ours(schema["properties"][part], part)
         if not path.endswith("[]") and not path.endswith("{}") and not node.get("description")
     ]
     assert missing == []
@@ -196,8 +204,8 @@ def test_api_reference_check_mode(tmp_path: Path) -> None:
 def test_api_reference_covers_every_field_and_rule(schema: dict[str, Any]) -> None:
     text = apidoc.render(schema)
     for part in ("spec", "status"):
-        for path, node in walk(schema["properties"][part], part):
-            if "properties" in node:
+        for path, node in ours(schema["properties"][part], part):
+            if "properties" in node and embedded_kind(node) is None:
                 assert f"### `{path}`" in text, path
                 for name in node["properties"]:
                     assert f"`{name}`" in text, f"{path}.{name}"
@@ -260,6 +268,16 @@ def test_every_spec_field_survives_pruning(schema: dict[str, Any]) -> None:
     del raw["trainer"]["command"]  # exclusive with workloadRef
     raw["trainer"]["colocate"] = False  # refused when true
     raw["trainer"]["reference"]["offPolicy"]["tisCap"] = 2.0  # the sample's 0.5 is below the cap's minimum of 1
-    wire = RLJobSpec.model_validate(raw).to_wire()
-    assert pruned_paths(wire, schema["properties"]["spec"], "spec") == []
-    assert CelChecker(schema).violations({"spec": wire}) == []
+    for role in ("inference", "trainer"):  # Kubernetes types: a value of the real shape, not the sampler's
+        raw[role]["env"] = [{"name": "x", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]
+    for role in ("inference", "rollout", "trainer"):
+        raw[role]["template"]["spec"] = {"volumes": [{"name": "v", "emptyDir": {}}], "containers": [{"name": "side"}]}
+    # a source from the hub excludes a PVC: each shape on its own
+    hub_model = {"uri": "hf://org/name@rev", "credentialsSecret": "x", "cache": raw["model"]["pvc"], "tokenizer": "x"}
+    del raw["model"]["uri"]
+    hub_dataset = dict(raw["rollout"]["dataset"], uri="hf://org/data@rev")
+    del hub_dataset["pvc"], raw["rollout"]["dataset"]["uri"]
+    for model, dataset in ((raw["model"], raw["rollout"]["dataset"]), (hub_model, hub_dataset)):
+        wire = RLJobSpec.model_validate(dict(raw, model=model, rollout=dict(raw["rollout"], dataset=dataset))).to_wire()
+        assert pruned_paths(wire, schema["properties"]["spec"], "spec") == []
+        assert CelChecker(schema).violations({"spec": wire}) == []

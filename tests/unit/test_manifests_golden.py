@@ -32,10 +32,11 @@ GOLDEN = Path(__file__).parent / "golden"
 JOBS = GOLDEN / "jobs"
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 CONTROLLER_URL = "http://rljob-operator.rljob-system.svc:8443"
-# The two shipped examples, a multi-node cell (16 GPUs per engine, 8 per node) and SGLang with offload.
+# The two shipped examples, a multi-node cell (16 GPUs per engine, 8 per node), SGLang with offload,
+# pod templates on every role (spec.<role>.template over the shorthand fields), and a model from the hub.
+CASES = ["tiny-cpu", "llama-8b-8gpu", "multinode-vllm", "sglang-offload", "pod-templates", "qwen-7b-hf"]
 # The operator in rljob-system and a Prometheus in monitoring, as the chart passes them.
 PEERS = PolicyPeers("rljob-system", "monitoring", {"app.kubernetes.io/name": "prometheus"})
-CASES = ["tiny-cpu", "llama-8b-8gpu", "multinode-vllm", "sglang-offload"]
 
 
 def load_job(case: str) -> dict[str, Any]:

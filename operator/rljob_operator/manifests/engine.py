@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from controller_runtime.api.podtemplate import ENGINE_CONTAINER
 from controller_runtime.engines import EngineLaunch, engine, parallel_sizes
 from controller_runtime.ports import CellRequest
 from rljob_operator import labels as L
@@ -41,6 +42,7 @@ from rljob_operator.manifests.podspec import (
     env_field,
     env_value,
     merge_env,
+    model_fetch_containers,
     model_path,
     model_volume,
     placement_fields,
@@ -48,9 +50,10 @@ from rljob_operator.manifests.podspec import (
     user_env,
     volumes,
 )
+from rljob_operator.manifests.template import apply_template
 from rljob_operator.names import cells_service_name, engine_pod_name
 
-CONTAINER = "engine"
+CONTAINER = ENGINE_CONTAINER
 
 __all__ = ["CONTAINER", "engine_command", "engine_pod", "engine_pods", "head_address", "parallel_sizes"]
 
@@ -122,7 +125,7 @@ def engine_pod(job: JobView, cell: CellRequest, pod_index: int) -> dict[str, Any
         "image": inf.image,
         "command": engine_command(job, cell, pod_index),
         "env": _engine_env(job),
-        "resources": container_resources(inf.resources, inf.gpus_per_pod if inf.gpus_per_engine > 0 else 0),
+        "resources": container_resources(inf.resources, inf.gpus_per_pod if inf.gpus_per_engine > 0 else 0, inf.gpu_resource),
         "volumeMounts": mounts,
     }
     ports = _ports(job, pod_index)
@@ -140,6 +143,10 @@ def engine_pod(job: JobView, cell: CellRequest, pod_index: int) -> dict[str, Any
         "containers": [container],
         "volumes": vols,
     }
+    fetch = model_fetch_containers(job.spec, None)
+    if fetch:
+        spec["initContainers"] = fetch
+    labels, annotations, spec = apply_template(labels, annotations, spec, inf.template)
     return {
         "apiVersion": "v1",
         "kind": "Pod",

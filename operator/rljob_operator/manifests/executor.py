@@ -22,6 +22,7 @@ import json
 import posixpath
 from typing import Any
 
+from controller_runtime.api.podtemplate import EXECUTOR_CONTAINER
 from controller_runtime.api.spec import WeightUpdateMethod
 from rljob_operator import labels as L
 from rljob_operator.manifests.job import JobView
@@ -29,19 +30,22 @@ from rljob_operator.manifests.podsecurity import restricted_container, restricte
 from rljob_operator.manifests.podspec import (
     checkpoints_volume,
     container_resources,
+    dataset_fetch_containers,
     dataset_path,
     dataset_volume,
     env_field,
     env_value,
+    model_fetch_containers,
     model_path,
     model_volume,
     volumes,
 )
 from rljob_operator.manifests.rayauth import ray_auth_env
 from rljob_operator.manifests.services import engines_url
+from rljob_operator.manifests.template import apply_template
 from rljob_operator.names import ray_cluster_name, rollout_name
 
-CONTAINER = "executor"
+CONTAINER = EXECUTOR_CONTAINER
 RAY_CLIENT_PORT = 10001
 RAY_DASHBOARD_PORT = 8265
 SHARD_DATA_PORT = 10002  # the executor's HTTP side channel for shard bytes (rljob_client.RolloutStream)
@@ -94,8 +98,10 @@ def executor_spec_json(view: JobView) -> str:
     """
     spec = view.spec.to_wire()
     inference = {k: v for k, v in spec["inference"].items() if k in ("engine", "router")}
-    rollout = {k: v for k, v in spec["rollout"].items() if k != "podMetadata"}  # the pod's, not the executor's
-    part = {"model": spec["model"], "inference": inference, "rollout": rollout, "trainer": spec.get("trainer", {})}
+    # the pods' settings, not the executor's
+    rollout = {k: v for k, v in spec["rollout"].items() if k not in ("podMetadata", "template")}
+    trainer = {k: v for k, v in spec.get("trainer", {}).items() if k not in ("template", "gpuResource")}
+    part = {"model": spec["model"], "inference": inference, "rollout": rollout, "trainer": trainer}
     return json.dumps(part, sort_keys=True, separators=(",", ":"))
 
 
@@ -155,6 +161,11 @@ def executor_deployment(
         "securityContext": restricted_pod(),
         "containers": [container],
     }
+    fetch = model_fetch_containers(view.spec, restricted_container()) + dataset_fetch_containers(
+        view.spec, restricted_container()
+    )
+    if fetch:
+        pod_spec["initContainers"] = fetch
     if vols:
         pod_spec["volumes"] = vols
     # The executor calls the controller API (engine discovery) as the trainer does: by default it
@@ -165,6 +176,9 @@ def executor_deployment(
     meta = view.spec.executor.pod_metadata
     template_labels = {**meta.labels, **L.job_labels(view.name, L.ROLE_ROLLOUT)}
     template_annotations = {**meta.annotations, L.JOB_NAME_ANNOTATION: view.name}
+    template_labels, template_annotations, pod_spec = apply_template(
+        template_labels, template_annotations, pod_spec, view.spec.executor.template
+    )
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from controller_runtime.api.podtemplate import TRAINER_CONTAINER
 from controller_runtime.api.spec import TrainerSpec
 from rljob_operator import labels as L
 from rljob_operator.manifests.executor import rollout_address
@@ -39,6 +40,7 @@ from rljob_operator.manifests.podspec import (
     env_field,
     env_value,
     merge_env,
+    model_fetch_containers,
     model_path,
     model_volume,
     placement_fields,
@@ -47,9 +49,10 @@ from rljob_operator.manifests.podspec import (
     volumes,
 )
 from rljob_operator.manifests.rayauth import ray_auth_env
+from rljob_operator.manifests.template import apply_template
 from rljob_operator.names import trainer_name
 
-CONTAINER = "trainer"
+CONTAINER = TRAINER_CONTAINER
 MASTER_PORT = 29500
 # Each rank serves its Prometheus metrics here (the reference trainer reads RLJOB_TRAINER_METRICS_PORT).
 METRICS_PORT = 9464
@@ -147,7 +150,7 @@ def trainer_job(view: JobView, controller_url: str, attempt: int = 0) -> dict[st
     }
     if args:
         container["args"] = args
-    resources = container_resources(t.resources, t.gpus_per_replica)
+    resources = container_resources(t.resources, t.gpus_per_replica, t.gpu_resource)
     if resources:
         container["resources"] = resources
     pod_spec: dict[str, Any] = {
@@ -160,10 +163,14 @@ def trainer_job(view: JobView, controller_url: str, attempt: int = 0) -> dict[st
         "containers": [container],
         "volumes": vols,
     }
+    fetch = model_fetch_containers(view.spec, restricted_container())
+    if fetch:
+        pod_spec["initContainers"] = fetch
     if t.service_account_name:
         pod_spec["serviceAccountName"] = t.service_account_name
     pod_labels = {**t.pod_metadata.labels, **L.job_labels(view.name, L.ROLE_TRAINER)}
     pod_annotations = {**t.pod_metadata.annotations, L.JOB_NAME_ANNOTATION: view.name}
+    pod_labels, pod_annotations, pod_spec = apply_template(pod_labels, pod_annotations, pod_spec, t.template)
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
