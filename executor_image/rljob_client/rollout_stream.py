@@ -47,7 +47,7 @@ import ray
 import ray.exceptions
 
 from rljob_client.retry_deadline import DeadlineExpired, retry_until
-from rljob_client.trainbatch import ShardRef, TrainBatch, decode
+from rljob_client.wire.trainbatch import ShardRef, TrainBatch, decode
 
 ACTOR_NAMESPACE = "rljob"
 CLIENT_PORT = 10001

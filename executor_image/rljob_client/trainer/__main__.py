@@ -43,15 +43,15 @@ from controller_runtime.api.spec import (
 )
 from controller_runtime.clients.factory import make_engine_client
 from rljob_client.controller_client import InferenceControllerClient, default_holder
+from rljob_client.ranks import StoreRanks
 from rljob_client.trainer.checkpoint import CheckpointError, CheckpointStore
 from rljob_client.trainer.evaluation import PolicyEvaluator
 from rljob_client.trainer.loop import LoopConfig, StepRecord, ThreadedRolloutStream, TrainingLoop
 from rljob_client.trainer.metrics import TrainerMetrics
-from rljob_client.trainer.ranks import StoreRanks
-from rljob_client.trainer.weights import DiskWeightWriter
+from rljob_client.weights.disk import DiskWeightWriter
 
 if TYPE_CHECKING:  # the executor's batch type; imported for annotations only
-    from rljob_client.trainbatch import TrainBatch
+    from rljob_client.wire.trainbatch import TrainBatch
 
 log = logging.getLogger("rljob_client.trainer")
 

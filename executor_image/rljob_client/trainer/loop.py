@@ -10,7 +10,7 @@ Per step (REFERENCE-miles.md "Training step order"):
 5. weight update: stage version `step + 1` (disk: write it to the shared dir), close the
    executor's gate (`begin_weight_update`: spec.rollout.onWeightUpdate drains or aborts the
    in-flight requests), open the window and push to every engine of it at once (the
-   transport, `trainer/transport.py`); `end_update_weights` (cells join serving) or, on any
+   transport, `rljob_client/weights/transport.py`); `end_update_weights` (cells join serving) or, on any
    failure, `abort_update_weights` and retry; then the executor's `set_weight_version(step + 1)`
    and `end_weight_update` (the gate reopens, aborted requests retry on the new weights);
 6. colocated: `onload_kv()`.
@@ -47,10 +47,11 @@ from controller_runtime.api.status import CellState
 from controller_runtime.errors import EngineError, WeightCheckMismatch
 from controller_runtime.window import NoReadyEngines
 from rljob_client.controller_client import ControllerClient
+from rljob_client.ranks import RankFailed, RankSync, SingleRank
 from rljob_client.trainer.evaluation import PolicyEvaluator
 from rljob_client.trainer.policy import PolicyTrainer, StepMetrics
-from rljob_client.trainer.ranks import RankFailed, RankSync, SingleRank
-from rljob_client.trainer.transport import (
+from rljob_client.weights.disk import DiskWeightWriter
+from rljob_client.weights.transport import (
     DEFAULT_PUSH_CONCURRENCY,
     DiskTransport,
     EngineFactory,
@@ -59,10 +60,9 @@ from rljob_client.trainer.transport import (
     make_transport,
     push_from_disk,
 )
-from rljob_client.trainer.weights import DiskWeightWriter
 
 if TYPE_CHECKING:  # the executor's batch type; imported for annotations only
-    from rljob_client.trainbatch import TrainBatch
+    from rljob_client.wire.trainbatch import TrainBatch
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from rljob_client.trainer import grpo
 from rljob_client.trainer.checkpoint import Checkpoint, restore_checkpoint, take_checkpoint
 
 if TYPE_CHECKING:  # the executor's batch type; imported for annotations only
-    from rljob_client.trainbatch import TrainBatch
+    from rljob_client.wire.trainbatch import TrainBatch
 
 log = logging.getLogger(__name__)
 

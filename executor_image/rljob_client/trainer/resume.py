@@ -22,10 +22,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from rljob_client.controller_client import ControllerClient
+from rljob_client.ranks import RankSync, SingleRank
 from rljob_client.trainer.checkpoint import Checkpoint, CheckpointStore, capture_rng
 from rljob_client.trainer.loop import StepRecord
 from rljob_client.trainer.policy import PolicyTrainer
-from rljob_client.trainer.ranks import RankSync, SingleRank
 
 log = logging.getLogger(__name__)
 

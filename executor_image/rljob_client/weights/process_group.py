@@ -1,9 +1,9 @@
 """`gloo` / `nccl`: the weight transport that broadcasts into a process group of the window.
 
-Plugs into `trainer/transport.py`'s `WeightTransport` seam. Nothing is staged on disk: each
+Plugs into `weights/context.py`'s `WeightTransport` seam. Nothing is staged on disk: each
 push forms a new group with exactly the engines of the open window (a cell recreated since
 the snapshot is not among them and never joins), broadcasts the policy's weights in buckets
-(`rljob_client.weight_broadcast`), and tears the group down before the window ends, so the
+(`rljob_client.weights.broadcast`), and tears the group down before the window ends, so the
 next window forms a fresh group with whoever participates then.
 
 With `weightUpdate.checkWeights` the engines keep the sha256 of every tensor they received and
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rljob_client.weight_broadcast import (
+from rljob_client.weights.broadcast import (
     WeightBroadcaster,
     WeightReceiver,
     WeightTransferFailed,
@@ -33,10 +33,11 @@ from rljob_client.weight_broadcast import (
     named_tensors,
     receiver_for,
 )
+from rljob_client.weights.native_nccl import use_native
 
 if TYPE_CHECKING:
     from rljob_client.controller_client import WeightUpdateWindow
-    from rljob_client.trainer.transport import TransportContext
+    from rljob_client.weights.context import TransportContext
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +95,5 @@ def gloo_transport(context: TransportContext) -> DistributedTransport:
 def nccl_transport(context: TransportContext) -> DistributedTransport:
     """GPU engines: vLLM's own NCCL weight-transfer engine where `use_native` allows it, else the
     rljob extension's receive with CUDA buffers."""
-    from rljob_client.vllm_native_nccl import use_native
-
     native = use_native(context.check_weights)
     return DistributedTransport(context, "nccl", receiver=lambda c: receiver_for(c, native_nccl=native))
