@@ -143,10 +143,11 @@ def init_distributed(rank: int, world_size: int) -> None:
 
 
 async def train(args: argparse.Namespace) -> int:
+    from rljob_client.publish import abort_orphan_window
     from rljob_client.rollout_stream import RolloutStream
     from rljob_client.trainer.grpo import OffPolicyCorrection
     from rljob_client.trainer.policy import PolicyTrainer
-    from rljob_client.trainer.resume import Checkpointer, abort_orphan_window, resume_from
+    from rljob_client.trainer.resume import Checkpointer, resume_from
 
     rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     controller = InferenceControllerClient.from_env(holder=default_holder())

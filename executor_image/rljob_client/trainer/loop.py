@@ -43,10 +43,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from controller_runtime.api.spec import Engine, MemoryTag, PauseMode, RLJobSpec, WeightUpdateMethod
-from controller_runtime.api.status import CellState
-from controller_runtime.errors import EngineError, WeightCheckMismatch
-from controller_runtime.window import NoReadyEngines
 from rljob_client.controller_client import ControllerClient
+from rljob_client.publish import PublishSettings, WeightPublisher, WeightSyncFailed
 from rljob_client.ranks import RankFailed, RankSync, SingleRank
 from rljob_client.trainer.evaluation import PolicyEvaluator
 from rljob_client.trainer.policy import PolicyTrainer, StepMetrics
@@ -68,10 +66,6 @@ log = logging.getLogger(__name__)
 
 __all__ = ["EngineFactory", "LoopConfig", "OverlappingRolloutSource", "RankFailed", "RolloutSource", "StepRecord", "ThreadedRolloutStream",
            "TrainingLoop", "WeightSyncFailed", "push_from_disk"]
-
-
-class WeightSyncFailed(RuntimeError):
-    """Weights could not be pushed within the allowed attempts."""
 
 
 class RolloutSource(Protocol):
@@ -243,6 +237,14 @@ class TrainingLoop:
             self.on_status(text)
 
     @property
+    def publisher(self) -> WeightPublisher:
+        """The SDK's gate -> window -> transport sequence over this loop's controller and executor."""
+        c = self.config
+        return WeightPublisher(self.controller, self.rollouts, PublishSettings(
+            holder=c.holder, fleet_timeout_seconds=c.fleet_timeout_seconds, max_update_attempts=c.max_update_attempts,
+            retry_seconds=c.retry_seconds, ready_timeout_seconds=c.ready_timeout_seconds), on_status=self._status)
+
+    @property
     def is_writer(self) -> bool:
         """Rank 0 writes weights and drives the window; other ranks only train."""
         return self.config.rank == 0
@@ -364,53 +366,15 @@ class TrainingLoop:
                 get.cancel()
 
     async def fleet_waits_for_weights(self) -> bool:
-        cells = await self.controller.cells()
-        return not cells.serving_endpoints and any(e.state is CellState.PendingWeights for e in cells.engines)
+        return await self.publisher.fleet_waits_for_weights()
 
     async def sync_weights(self, version: int) -> int:
-        """Stage `version` and push it to every engine of a window, inside the executor's gate;
-        returns the attempts it took.
-
-        The gate closes before the window opens (drain: in-flight requests finish on the old
-        weights; abort: they are cancelled) and reopens after the executor knows the new version,
-        so a retried request is generated on the new weights. It reopens even when the push
-        fails, at the old version: a failed sync must not stop generation.
-        """
+        """Stage `version` and publish it inside the executor's gate (rljob_client.publish); returns the attempts."""
         await self.transport.stage(self.policy.model, version)
-        await self.rollouts.begin_weight_update()
-        reopen_at: int | None = None
-        try:
-            attempts = await self.push(version)
-            await self.rollouts.set_weight_version(version)
-            reopen_at = version
-        finally:
-            await self.rollouts.end_weight_update(reopen_at)
+        attempts = await self.publisher.sync(version, self.transport, self.policy.model)
         self.version = version
         return attempts
 
     async def push(self, version: int) -> int:
-        """Open windows until one completes: engine faults abort and retry, an empty fleet waits."""
-        loop = asyncio.get_running_loop()
-        fleet_deadline = loop.time() + self.config.fleet_timeout_seconds
-        attempt = 0
-        while True:
-            try:
-                async with self.controller.update_weights(self.config.holder, weight_version=str(version),
-                                                          ready_timeout=self.config.ready_timeout_seconds) as window:
-                    self._status(f"weights v{version}: pushing to {len(window.engines)} engines")
-                    opened = loop.time()
-                    await self.transport.push(window, version, self.policy.model)
-                    log.info("weights v%d: pushed to %d engines in %.2f s", version, len(window.engines),
-                             loop.time() - opened)
-                return attempt + 1
-            except NoReadyEngines as exc:
-                if loop.time() > fleet_deadline:
-                    raise WeightSyncFailed(f"no engine could take weights v{version} within "
-                                           f"{self.config.fleet_timeout_seconds:g} s: {exc}") from exc
-                self._status(f"weights v{version}: waiting for engines ({exc})")
-            except (EngineError, WeightCheckMismatch) as exc:  # a failed check aborted the window too
-                attempt += 1
-                log.warning("weights v%d: attempt %d failed (%s); window aborted", version, attempt, exc)
-                if attempt >= self.config.max_update_attempts:
-                    raise WeightSyncFailed(f"weights v{version}: {attempt} attempts failed; last: {exc}") from exc
-            await asyncio.sleep(self.config.retry_seconds)
+        """Open windows until one completes (rljob_client.publish.WeightPublisher.push)."""
+        return await self.publisher.push(version, self.transport, self.policy.model)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -24,6 +24,9 @@ from rljob_client.weights.disk import DiskWeightWriter
 log = logging.getLogger(__name__)
 
 EngineFactory = Callable[[str], EngineClient]
+# What a push carries: a whole model (the reference trainer), a name -> tensor map (the SDK's
+# process-group path), or None where the version is already staged (the disk path).
+Weights = torch.nn.Module | Mapping[str, torch.Tensor] | None
 DEFAULT_PUSH_CONCURRENCY = 8
 
 
@@ -32,7 +35,7 @@ class WeightTransport(Protocol):
 
     async def stage(self, model: torch.nn.Module, version: int) -> None: ...
 
-    async def push(self, window: WeightUpdateWindow, version: int, model: torch.nn.Module) -> None: ...
+    async def push(self, window: WeightUpdateWindow, version: int, model: Weights) -> None: ...
 
     async def close(self) -> None: ...
 

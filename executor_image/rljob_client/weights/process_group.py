@@ -37,7 +37,7 @@ from rljob_client.weights.native_nccl import use_native
 
 if TYPE_CHECKING:
     from rljob_client.controller_client import WeightUpdateWindow
-    from rljob_client.weights.context import TransportContext
+    from rljob_client.weights.context import TransportContext, Weights
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +60,10 @@ class DistributedTransport:
     async def stage(self, model: torch.nn.Module, version: int) -> None:
         """Nothing to write: the bytes leave the trainer's memory inside the window."""
 
-    async def push(self, window: WeightUpdateWindow, version: int, model: torch.nn.Module) -> None:
-        tensors = named_tensors(model, self.dtype)
+    async def push(self, window: WeightUpdateWindow, version: int, model: Weights) -> None:
+        if model is None:
+            raise ValueError(f"weights v{version}: a process-group push needs the tensors, not a staged directory")
+        tensors = named_tensors(model, self.dtype) if isinstance(model, torch.nn.Module) else model
         clients = [self.context.engines(e.endpoint) for e in window.engines]
         try:
             receivers = [self.receiver(c) for c in clients]

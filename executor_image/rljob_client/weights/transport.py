@@ -41,6 +41,7 @@ from rljob_client.weights.context import (
     DEFAULT_PUSH_CONCURRENCY,
     EngineFactory,
     TransportContext,
+    Weights,
     WeightTransport,
     push_all,
 )
@@ -48,7 +49,7 @@ from rljob_client.weights.disk import DiskWeightWriter
 from rljob_client.weights.process_group import gloo_transport, nccl_transport
 
 __all__ = ["DEFAULT_PUSH_CONCURRENCY", "TRANSPORTS", "DiskTransport", "EngineFactory", "TransportContext",
-           "WeightTransport", "make_transport", "push_all", "push_from_disk"]
+           "WeightTransport", "Weights", "make_transport", "push_all", "push_from_disk"]
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ class DiskTransport:
     async def stage(self, model: torch.nn.Module, version: int) -> None:
         await asyncio.to_thread(self.writer.save, model, version)
 
-    async def push(self, window: WeightUpdateWindow, version: int, model: torch.nn.Module) -> None:
+    async def push(self, window: WeightUpdateWindow, version: int, model: Weights) -> None:
         path = str(self.writer.path_for(version).resolve())
 
         async def one(engine: EngineEndpoint) -> None:
