@@ -38,7 +38,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -46,6 +46,7 @@ from controller_runtime.api.spec import Engine, MemoryTag, PauseMode, RLJobSpec,
 from rljob_client.controller_client import ControllerClient
 from rljob_client.publish import PublishSettings, WeightPublisher, WeightSyncFailed
 from rljob_client.ranks import RankFailed, RankSync, SingleRank
+from rljob_client.records import StepRecord
 from rljob_client.trainer.evaluation import PolicyEvaluator
 from rljob_client.trainer.policy import PolicyTrainer, StepMetrics
 from rljob_client.weights.disk import DiskWeightWriter
@@ -167,30 +168,6 @@ class LoopConfig:
 def default_overlap(spec: RLJobSpec) -> bool:
     """Overlap when samples may be a version behind and the engines stay up while the trainer trains."""
     return spec.overlaps_generation
-
-
-@dataclass
-class StepRecord:
-    """One step as the progress display and the summary see it."""
-
-    step: int
-    weight_version: int
-    reward_mean: float
-    reward_std: float
-    loss: float
-    samples: int
-    response_tokens: int
-    batch_weight_versions: list[int] = field(default_factory=list)
-    rollout_seconds: float = 0.0
-    train_seconds: float = 0.0
-    sync_seconds: float = 0.0
-    step_seconds: float = 0.0
-    update_attempts: int = 1
-    ratio_mean: float = 1.0  # mean pi_train / pi_engine over the batch's response tokens
-    clipped_fraction: float = 0.0  # response tokens the off-policy correction clipped or capped
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 class TrainingLoop:
