@@ -40,8 +40,7 @@ def test_the_minimal_trainer_of_your_own_raises_the_reward_through_the_sdk(tmp_p
     rewards = summary["rewards"]
     assert sum(rewards[-4:]) / 4 > sum(rewards[:4]) / 4 + 0.05, rewards
 
-    # the trainer was the user's program, its versions streamed as shards by the SDK
+    # the trainer was the user's program, its versions streamed by the SDK (the tiny model fits one bucket)
     assert "step 11: reward" in log
-    versions = out / "weights" / "byo-trainer"
-    assert (versions / f"v{STEPS}" / "model.safetensors.index.json").is_file()
+    assert (out / "weights" / "byo-trainer" / f"v{STEPS}" / "model.safetensors").is_file()
     assert_no_process_left(out, job="byo-trainer")

@@ -87,8 +87,7 @@ def test_each_publish_is_a_window_inside_the_gate_and_a_streamed_version(tmp_pat
                      "prepare 0", "get 0", "gate closed", "window v1", "executor v1", "gate open v1",
                      "prepare 1", "get 1", "gate closed", "window v2", "executor v2", "gate open v2"]
     v2 = tmp_path / "w" / "j" / "v2"
-    index = json.loads((v2 / INDEX_FILE).read_text())
-    assert set(index["weight_map"]) == {"weight", "bias"} and (v2 / "config.json").is_file()
+    assert set(load_file(str(v2 / "model.safetensors"))) == {"weight", "bias"} and (v2 / "config.json").is_file()
     lines = [json.loads(x) for x in (tmp_path / "steps.jsonl").read_text().splitlines()]
     assert [(x["step"], x["weight_version"], x["reward_mean"], x["loss"]) for x in lines] == [(0, 1, 0.75, 0.5),
                                                                                            (1, 2, 0.75, 0.5)]

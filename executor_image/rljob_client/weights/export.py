@@ -4,7 +4,8 @@ A sharded model (FSDP2, Megatron) is never whole on one rank: `iter_named_tensor
 parameter (`DTensor.full_tensor()`, a collective every rank runs) and hands it on, and
 `write_stream` packs the tensors into safetensors shards of at most `bucket_bytes`, writing
 each shard as soon as it fills. The result is a HuggingFace model directory (shards plus
-`model.safetensors.index.json`) that vLLM and SGLang reload and `from_pretrained` reads.
+`model.safetensors.index.json`, or one `model.safetensors` when one bucket held everything)
+that vLLM and SGLang reload and `from_pretrained` reads.
 """
 
 from __future__ import annotations
@@ -19,9 +20,17 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from rljob_client.weights.disk import MODEL_FILES
-
+# Files copied beside the weights so that the directory is a loadable model on its own.
+MODEL_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+)
 INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
 NamedTensors = Iterable[tuple[str, torch.Tensor]]
 
 
@@ -90,7 +99,10 @@ def write_stream(tensors: NamedTensors, final: Path, source_model_dir: Path | No
         flush()
         if not weight_map:
             raise ValueError("no tensor was published (the iterator was empty)")
-        (tmp / INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}))
+        if shards == 1:  # one bucket: the plain single-file layout
+            os.replace(tmp / "model-00001.safetensors", tmp / SINGLE_FILE)
+        else:
+            (tmp / INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}))
         if source_model_dir is not None:
             for name in MODEL_FILES:
                 src = source_model_dir / name
