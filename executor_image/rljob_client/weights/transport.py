@@ -72,7 +72,7 @@ class DiskTransport:
     def __init__(self, context: TransportContext) -> None:
         self.context = context
         self.writer = context.writer or DiskWeightWriter(context.sync_dir, context.source_model_dir,
-                                                         keep=context.keep_versions)
+                                                         keep=context.keep_versions, bucket_bytes=context.bucket_bytes)
 
     async def stage(self, model: torch.nn.Module, version: int) -> None:
         await asyncio.to_thread(self.writer.save, model, version)
