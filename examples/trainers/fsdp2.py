@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from minimal import LEARNING_RATE, loss_of
 
 SAVE_EVERY = int(os.environ.get("SAVE_EVERY", "5"))  # steps between checkpoints; 0: none
+MICRO_BATCHES = int(os.environ.get("MICRO_BATCHES", "1"))  # forward/backward passes per step (whole groups each)
 
 
 def checkpoint_dir(job: rljob_client.Job, step: int) -> Path:
@@ -76,9 +77,13 @@ def main() -> None:
     with job:
         for batch in job.batches():  # this rank's share of the groups
             model.train()
-            loss = loss_of(model, batch)
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()  # FSDP2 reduce-scatters the gradients across ranks
+            loss = torch.zeros(())
+            for i in range(MICRO_BATCHES):  # whole groups each: the advantages stay exact
+                part = batch.shard(i, MICRO_BATCHES)
+                part_loss = loss_of(model, part) * (len(part) / len(batch))  # a mean per sample, reweighted
+                part_loss.backward()  # FSDP2 reduce-scatters the gradients across ranks
+                loss = loss + part_loss.detach()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             job.publish_weights(iter_named_tensors(model))  # all ranks: one gathered parameter at a time
