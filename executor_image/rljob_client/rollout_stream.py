@@ -246,10 +246,6 @@ class RolloutStream:
             return self._call(lambda: self._get_http(rollout_id, rank, world_size))
         return self._call(lambda: self.get_ref_batch(self._get_ref(rollout_id, rank, world_size)))
 
-    def get_ref(self, rollout_id: int, rank: int, world_size: int) -> ShardRef:
-        """The object-store reference of a shard (no bulk bytes move)."""
-        return self._call(lambda: self._get_ref(rollout_id, rank, world_size))
-
     def _get_ref(self, rollout_id: int, rank: int, world_size: int) -> ShardRef:
         try:
             return ray.get(self._actor.get.remote(rollout_id, rank, world_size), timeout=self.timeout_s)
