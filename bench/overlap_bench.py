@@ -184,9 +184,9 @@ async def smoke_mode(overlap: bool, steps: int, generate_s: float, train_s: floa
     import numpy as np
     import torch
     from rljob_client.controller_client import LocalControllerClient
-    from rljob_client.trainbatch import TrainBatch
     from rljob_client.trainer.loop import LoopConfig, TrainingLoop
     from rljob_client.trainer.policy import StepMetrics
+    from rljob_client.wire.trainbatch import TrainBatch
 
     from controller_runtime.api.spec import InferenceSpec
     from controller_runtime.clock import FakeClock

@@ -55,7 +55,7 @@ s.close()
 
 RAW_TRAINER = r"""
 import json, socket, sys, time
-from rljob_client.trainbatch import decode
+from rljob_client.wire.trainbatch import decode
 port, length, iters = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 sock = socket.create_connection(("127.0.0.1", port))
 sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
@@ -82,7 +82,7 @@ RAW_SERVER = r"""
 import socket, sys
 sys.path.insert(0, sys.argv[1])
 from bench.rollout_stream_bench import synthetic_batch
-from rljob_client.trainbatch import encode, encoded_size
+from rljob_client.wire.trainbatch import encode, encoded_size
 parts = encode(synthetic_batch(float(sys.argv[2]), 0))
 srv = socket.socket()
 srv.bind(("127.0.0.1", 0))
@@ -112,7 +112,7 @@ def serve_raw(mib: float) -> tuple[int, int, subprocess.Popen[str]]:
 def synthetic_batch(mib: float, rollout_id: int) -> Any:
     """A TrainBatch of about `mib` MiB: 64 rows for 1 MiB, width grows with size."""
     import numpy as np
-    from rljob_client.trainbatch import TrainBatch
+    from rljob_client.wire.trainbatch import TrainBatch
 
     rows = 64 if mib <= 4 else 256
     width = max(16, int(mib * 2**20 / rows / 9))  # tokens int32 + mask uint8 + logprobs float32

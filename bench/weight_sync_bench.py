@@ -66,10 +66,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the vLLM launcher lives with the test fixtures
 
 from rljob_client.tinymodel import TinyModelConfig, build_tiny_model  # noqa: E402
-from rljob_client.trainer.weights import DiskWeightWriter, unique_state_dict  # noqa: E402
-from rljob_client.vllm_worker_extension import broadcast_from, connect_store, new_process_group  # noqa: E402
-from rljob_client.weight_broadcast import GroupAddress, VLLMReceiver, WeightBroadcaster  # noqa: E402
-from rljob_client.weight_buckets import (  # noqa: E402
+from rljob_client.weights.broadcast import GroupAddress, VLLMReceiver, WeightBroadcaster  # noqa: E402
+from rljob_client.weights.buckets import (  # noqa: E402
     DEFAULT_BUCKET_BYTES,
     DEFAULT_DIRECT_BYTES,
     Bucket,
@@ -77,6 +75,8 @@ from rljob_client.weight_buckets import (  # noqa: E402
     plan_buckets,
     unpack_bucket,
 )
+from rljob_client.weights.disk import DiskWeightWriter, unique_state_dict  # noqa: E402
+from rljob_client.weights.group import broadcast_from, connect_store, new_process_group  # noqa: E402
 
 from controller_runtime.api.spec import PauseMode  # noqa: E402
 from controller_runtime.clients import VLLMClient  # noqa: E402

@@ -6,9 +6,9 @@ the engine clients all name it, and none of them may pull in the others' imports
 from __future__ import annotations
 
 # vLLM's --worker-extension-cls for the process-group weight transfer (weightUpdate.method
-# gloo/nccl): `rljob_client.vllm_worker_extension`, inert until the trainer calls it, so
+# gloo/nccl): `rljob_client.engine.vllm_worker_extension`, inert until the trainer calls it, so
 # local mode and the test servers always load it. An engine image must ship rljob_client.
-WEIGHT_TRANSFER_EXTENSION = "rljob_client.vllm_worker_extension.WeightTransferExtension"
+WEIGHT_TRANSFER_EXTENSION = "rljob_client.engine.vllm_worker_extension.WeightTransferExtension"
 
 # vLLM reports raw logprobs (before temperature and top-p) by default; the trainer's off-policy
 # correction needs the logprobs of the distribution each token was actually drawn from.

@@ -682,6 +682,8 @@ class ReferenceTrainerSpec(ApiModel):
     keep_checkpoints: int = Field(default=2, ge=1, le=1000, description="How many of the newest checkpoints are kept; older ones are deleted after each save.")
     max_grad_norm: float = Field(default=1.0, ge=0, description="Clip the global gradient norm to this value before each optimizer step (miles --clip-grad); 0 turns clipping off.")
     off_policy: OffPolicySpec = Field(default_factory=OffPolicySpec, description="Importance correction for samples drawn by another policy than the one being trained.")
+    micro_batch_size: int = Field(default=0, ge=0, le=1_000_000, description="Samples per forward/backward pass; gradients accumulate over the whole batch before one optimizer step, so memory is bounded whatever the batch (0: the whole batch in one pass).")
+    kl_coef: float = Field(default=0.0, ge=0, le=100, description="Weight of a KL penalty (k3 estimator) against the frozen initial model; 0 turns it off (no reference model is loaded).")
 
     @property
     def checkpoint_every(self) -> int:
@@ -710,6 +712,8 @@ class ReferenceTrainerSpec(ApiModel):
             "--clip-eps-low", repr(op.clip_eps_low),
             "--clip-eps-high", repr(op.clip_eps_high),
             "--tis-cap", repr(op.tis_cap),
+            "--micro-batch-size", str(self.micro_batch_size),
+            "--kl-coef", repr(self.kl_coef),
         ]  # fmt: skip
 
 

@@ -179,7 +179,7 @@ class VLLMClient:
         """Swap in the safetensors under `path` (same architecture) via the workers' reload_weights."""
         await self.collective_rpc("reload_weights", kwargs={"weights_path": path}, timeout_s=timeout_s)
 
-    # -- process-group weight transfer (rljob_client.vllm_worker_extension) ------------------
+    # -- process-group weight transfer (rljob_client.engine.vllm_worker_extension) ------------------
 
     async def init_weight_transfer(
         self,
@@ -221,7 +221,7 @@ class VLLMClient:
     async def close_weight_transfer(self) -> None:
         await self.collective_rpc("close_weight_transfer")
 
-    # -- vLLM's own weight-transfer engine (--weight-transfer-config; rljob_client.vllm_native_nccl) --
+    # -- vLLM's own weight-transfer engine (--weight-transfer-config; rljob_client.weights.native_nccl) --
 
     async def init_weight_transfer_engine(self, init_info: dict[str, Any], *, timeout_s: float | None = None) -> None:
         """Every worker joins the trainer's group; answers once the rendezvous completed."""

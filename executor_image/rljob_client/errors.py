@@ -13,7 +13,10 @@ table's `ControllerAPIError` (`controller_runtime.api.wire_errors`), which the s
     ├── ShardChannelLost (ConnectionError)       rollout_stream: the side channel closed mid-shard
     ├── WeightTransferFailed (EngineError)       weight_broadcast: a process-group update failed
     ├── MemoryChangeFailed (ControllerError)     controller_client: offload/onload refused by an engine
-    ├── WeightSyncFailed (RuntimeError)          trainer.loop: weights not pushed within the attempts
+    ├── WeightSyncFailed (RuntimeError)          publish: weights not pushed within the attempts
+    ├── CallOrderError (RuntimeError)            job: an SDK call out of order (names the call expected)
+    ├── EnvError (ValueError)                    env: the RLJOB_* environment is missing or malformed
+    ├── VersionMismatch (RuntimeError)           versions: Ray or Python differ from the executor's
     ├── RankFailed (RuntimeError)                trainer.ranks: another trainer rank died or hung
     ├── CheckpointError                          trainer.checkpoint: a checkpoint that cannot be used
     ├── CheckpointSaveFailed (RuntimeError)      trainer.resume: a background save failed

@@ -48,7 +48,7 @@ import ray.exceptions
 
 from rljob_client.errors import RLJobError
 from rljob_client.retry_deadline import DeadlineExpired, retry_until
-from rljob_client.trainbatch import ShardRef, TrainBatch, decode
+from rljob_client.wire.trainbatch import ShardRef, TrainBatch, decode
 
 ACTOR_NAMESPACE = "rljob"
 CLIENT_PORT = 10001
@@ -246,10 +246,6 @@ class RolloutStream:
         if self.transport == "http":
             return self._call(lambda: self._get_http(rollout_id, rank, world_size))
         return self._call(lambda: self.get_ref_batch(self._get_ref(rollout_id, rank, world_size)))
-
-    def get_ref(self, rollout_id: int, rank: int, world_size: int) -> ShardRef:
-        """The object-store reference of a shard (no bulk bytes move)."""
-        return self._call(lambda: self._get_ref(rollout_id, rank, world_size))
 
     def _get_ref(self, rollout_id: int, rank: int, world_size: int) -> ShardRef:
         try:

@@ -31,7 +31,7 @@ import secrets
 from typing import Any
 
 import ray
-from rljob_client.trainbatch import ShardRef, TrainBatch
+from rljob_client.wire.trainbatch import ShardRef, TrainBatch
 
 from controller_runtime.api.control import EvalFleetResponse, RecordEvalRequest
 from rollout_executor.config import ACTOR_NAMESPACE, EngineSource, ExecutorConfig, actor_name

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 import numpy as np
-from rljob_client.trainbatch import TrainBatch
+from rljob_client.wire.trainbatch import TrainBatch
 
 from rollout_executor.samples import Sample
 

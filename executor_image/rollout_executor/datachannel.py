@@ -3,7 +3,7 @@
 Why: through Ray Client every object byte is proxied over gRPC by the client server
 (measured here ~40-115 MiB/s), while a direct driver maps the object store (~90-540 MiB/s).
 The shard stays in the object store; this server, inside the actor, reads it there
-(zero-copy) and writes it to the socket in the `rljob_client.trainbatch` format, which the
+(zero-copy) and writes it to the socket in the `rljob_client.wire.trainbatch` format, which the
 trainer maps with `np.frombuffer`. Ray Client is still how a trainer finds the actor and
 learns this URL and its bearer token (random per actor), so only someone who can reach the
 actor can read batches.
@@ -29,7 +29,7 @@ import socket
 from collections.abc import Awaitable, Callable
 from urllib.parse import parse_qs, urlsplit
 
-from rljob_client.trainbatch import TrainBatch, encode, encoded_size
+from rljob_client.wire.trainbatch import TrainBatch, encode, encoded_size
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
-from rljob_client.trainbatch import TrainBatch
+from rljob_client.wire.trainbatch import TrainBatch
 
 from rollout_executor.batching import build_batch, check_groups_complete
 from rollout_executor.config import ExecutorConfig

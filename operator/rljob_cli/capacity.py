@@ -59,8 +59,9 @@ def local_mode_problems(spec: RLJobSpec, available_bytes: int) -> list[str]:
     if inf.weight_update.method is WeightUpdateMethod.nccl:
         problems.append(f"spec.inference.weightUpdate.method is {inf.weight_update.method}: local mode runs CPU "
                         "engines; set method: gloo (the same broadcast on CPU) or disk")
-    if trainer.workload_ref is not None or trainer.command:
-        problems.append("spec.trainer: local mode runs the reference trainer; remove workloadRef/command")
+    if trainer.workload_ref is not None:
+        problems.append("spec.trainer.workloadRef: local mode runs the trainer itself (the reference trainer or "
+                        "spec.trainer.command); remove workloadRef")
     if not 1 <= trainer.replicas <= MAX_LOCAL_TRAINER_RANKS:
         problems.append(f"spec.trainer.replicas is {trainer.replicas}: local mode runs 1 to {MAX_LOCAL_TRAINER_RANKS} "
                         "trainer ranks (one local process each); set replicas: 1 or 2")

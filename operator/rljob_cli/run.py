@@ -45,7 +45,7 @@ from rljob_client.trainer.loop import (
 )
 from rljob_client.trainer.metrics import TrainerMetrics
 
-from controller_runtime.api.spec import RLJobManifest
+from controller_runtime.api.spec import RLJobManifest, RLJobSpec
 from controller_runtime.api.status import CellState
 from controller_runtime.audit import AuditLog
 from controller_runtime.clients.factory import make_engine_client
@@ -285,7 +285,8 @@ class LocalRun:
             ready = await self._until_stopped(executor.wait_ready(self.opts.executor_ready_timeout))
             self.timings["executor_ready_seconds"] = time.monotonic() - self.started
             self.children.snapshot()
-            if self.opts.trainer_process or self.spec.trainer.replicas > 1:  # ranks: one process each, gloo
+            if self.opts.trainer_process or self.spec.trainer.replicas > 1 or self.spec.trainer.command:
+                # ranks: one process each, gloo; a trainer of your own always runs as its own process
                 await self._until_stopped(self._run_trainer_process(ready, api))
                 return self._exit_code()
             stream = await self._until_stopped(asyncio.to_thread(self._connect, ready["client_address"]))
@@ -338,20 +339,21 @@ class LocalRun:
         batches = self.out / "trainer-batches.jsonl"
         for path in (metrics, evals, batches):
             path.unlink(missing_ok=True)
-        env = dict(os.environ, RLJOB_CONTROLLER_URL=api.url, RLJOB_NAME=self.job, RLJOB_NAMESPACE=LOCAL_NAMESPACE,
-                   RLJOB_CONTROLLER_TOKEN_FILE=str(api.token_file), RLJOB_ROLLOUT_ADDRESS=ready["client_address"],
-                   RANK="0", WORLD_SIZE="1", POD_NAME="trainer-0", RLJOB_WEIGHT_UPDATE_METHOD="disk",
-                   RLJOB_OVERLAP="1" if (self.opts.overlap if self.opts.overlap is not None
-                                         else default_overlap(self.spec)) else "0")
+        env = trainer_env(self.spec, self.job, self.out, self.prepared.steps, api.url, str(api.token_file),
+                          ready["client_address"], metrics,
+                          self.opts.overlap if self.opts.overlap is not None else default_overlap(self.spec))
         env.update(process_env("trainer", self.spec.trainer.env, self.prepared.env_file)[0])
         world = self.spec.trainer.replicas
-        argv = [sys.executable, "-m", "rljob_client.trainer", "--model", str(self.spec.model.path),
-                "--steps", str(self.prepared.steps), "--learning-rate", repr(ref.learning_rate),
-                "--algorithm", ref.algorithm, "--weights-dir", str(self.out / "weights"),
-                "--engine", str(self.spec.inference.engine),
-                "--pause-mode", str(self.spec.inference.weight_update.pause_mode), "--metrics-file", str(metrics),
-                "--eval-file", str(evals), "--batches-file", str(batches), *ref.checkpoint_flags(),
-                *ref.loss_flags(self.spec.executor.sampling.temperature)]
+        if self.spec.trainer.command:
+            argv = local_command([*self.spec.trainer.command, *self.spec.trainer.args])
+        else:
+            argv = [sys.executable, "-m", "rljob_client.trainer", "--model", str(self.spec.model.path),
+                    "--steps", str(self.prepared.steps), "--learning-rate", repr(ref.learning_rate),
+                    "--algorithm", ref.algorithm, "--weights-dir", str(self.out / "weights"),
+                    "--engine", str(self.spec.inference.engine),
+                    "--pause-mode", str(self.spec.inference.weight_update.pause_mode), "--metrics-file", str(metrics),
+                    "--eval-file", str(evals), "--batches-file", str(batches), *ref.checkpoint_flags(),
+                    *ref.loss_flags(self.spec.executor.sampling.temperature)]
         log_path = self.logs / "trainer.log"
         seen, seen_evals, restarts = 0, 0, 0
         while True:
@@ -362,7 +364,8 @@ class LocalRun:
                                   dict(env, RANK=str(rank), POD_NAME=f"trainer-{rank}")) for rank in range(world)]
             for p in procs:
                 self.children.note("trainer", p.pid)
-            self.progress.status(f"{world} trainer process{'es' if world > 1 else ''} started (python -m rljob_client.trainer)")
+            what = " ".join(argv[1:3]) if self.spec.trainer.command else "python -m rljob_client.trainer"
+            self.progress.status(f"{world} trainer process{'es' if world > 1 else ''} started ({what})")
             try:
                 while True:
                     records, seen = new_json_lines(metrics, seen)
@@ -525,6 +528,36 @@ class LocalRun:
             print(f"warning: {len(left)} child processes survived SIGKILL: {[r['pid'] for r in left]}", file=sys.stderr)
         print(f"summary: {path}" + (f"\nreward curve: {self.out / report.CURVE}" if self.records else ""),
               file=sys.stderr)
+
+
+def trainer_env(spec: RLJobSpec, job: str, out: Path, steps: int, controller_url: str, token_file: str,
+                rollout_address: str, metrics: Path, overlap: bool) -> dict[str, str]:
+    """The environment of a trainer pod (operator manifests/trainer.py), as local mode has it.
+
+    The reference trainer syncs by disk only; a trainer of your own gets the spec's method. The
+    executor's Python and Ray are this interpreter's (the SDK checks them at connect).
+    """
+    import platform
+    from importlib.metadata import version
+
+    wu = spec.inference.weight_update
+    env = dict(os.environ, RLJOB_CONTROLLER_URL=controller_url, RLJOB_NAME=job, RLJOB_NAMESPACE=LOCAL_NAMESPACE,
+               RLJOB_CONTROLLER_TOKEN_FILE=token_file, RLJOB_ROLLOUT_ADDRESS=rollout_address,
+               RANK="0", WORLD_SIZE="1", POD_NAME="trainer-0", RLJOB_WINDOW_HOLDER="trainer-0",
+               RLJOB_MODEL_PATH=str(spec.model.path), RLJOB_WEIGHTS_DIR=str(out / "weights"),
+               RLJOB_ENGINE=str(spec.inference.engine), RLJOB_PAUSE_MODE=str(wu.pause_mode),
+               RLJOB_READY_TIMEOUT_SECONDS=f"{wu.ready_timeout_seconds:g}", RLJOB_STEPS=str(steps),
+               RLJOB_METRICS_FILE=str(metrics), RLJOB_BUCKET_MEGABYTES=str(wu.bucket_megabytes),
+               RLJOB_WEIGHT_UPDATE_METHOD=str(wu.method) if spec.trainer.command else "disk",
+               RLJOB_OVERLAP="1" if overlap else "0",
+               RLJOB_EXECUTOR_PYTHON=platform.python_version(), RLJOB_EXECUTOR_RAY=version("ray"))
+    env.update({e.name: e.value for e in spec.trainer.env if e.value_from is None})  # valueFrom: from --env-file
+    return env
+
+
+def local_command(argv: list[str]) -> list[str]:
+    """`python`/`python3` as the command runs this interpreter (the one that has rljob_client)."""
+    return [sys.executable, *argv[1:]] if argv and argv[0] in ("python", "python3") else argv
 
 
 def new_json_lines(path: Path, seen: int) -> tuple[list[dict[str, Any]], int]:

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 import pytest_asyncio
-from rljob_client.trainbatch import TrainBatch, decode
+from rljob_client.wire.trainbatch import TrainBatch, decode
 from rollout_executor.datachannel import DataChannel
 from rollout_executor.metrics import ExecutorMetrics
 

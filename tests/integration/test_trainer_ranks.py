@@ -30,8 +30,8 @@ from rljob_cli.local_api import LocalControlAPI
 from rljob_cli.local_platform import LocalPlatform
 from rljob_cli.vllm_process import free_port
 from rljob_client.controller_client import LocalControllerClient
-from rljob_client.trainbatch import encode_bytes
 from rljob_client.trainer.loop import LoopConfig, TrainingLoop
+from rljob_client.wire.trainbatch import encode_bytes
 from rollout_executor.config import ExecutorConfig
 from rollout_executor.executor import RolloutExecutor
 

@@ -12,9 +12,9 @@ from typing import Any
 import pytest_asyncio
 import torch
 from aiohttp import web
-from rljob_client.vllm_worker_extension import broadcast_from, connect_store, new_process_group
-from rljob_client.weight_broadcast import GroupAddress, SGLangReceiver, WeightBroadcaster, receiver_for
-from rljob_client.weight_buckets import Bucket, dtype_of
+from rljob_client.weights.broadcast import GroupAddress, SGLangReceiver, WeightBroadcaster, receiver_for
+from rljob_client.weights.buckets import Bucket, dtype_of
+from rljob_client.weights.group import broadcast_from, connect_store, new_process_group
 
 from controller_runtime.clients import SGLangClient
 from tests.integration.test_sglang_client import FakeSGLangState, sglang_app

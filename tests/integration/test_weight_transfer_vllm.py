@@ -24,10 +24,7 @@ import pytest
 import pytest_asyncio
 import torch
 from rljob_client.controller_client import WeightUpdateWindow
-from rljob_client.trainer.distributed_transport import DistributedTransport
-from rljob_client.trainer.transport import TransportContext
-from rljob_client.trainer.weights import DiskWeightWriter
-from rljob_client.weight_broadcast import (
+from rljob_client.weights.broadcast import (
     GroupAddress,
     VLLMReceiver,
     WeightBroadcaster,
@@ -35,7 +32,10 @@ from rljob_client.weight_broadcast import (
     expected_checksums,
     named_tensors,
 )
-from rljob_client.weight_buckets import Bucket
+from rljob_client.weights.buckets import Bucket
+from rljob_client.weights.disk import DiskWeightWriter
+from rljob_client.weights.process_group import DistributedTransport
+from rljob_client.weights.transport import TransportContext
 
 from controller_runtime.api.control import EngineEndpoint
 from controller_runtime.api.spec import PauseMode
@@ -232,8 +232,8 @@ def _trainer_that_dies(endpoint: str, model_dir: str, after_buckets: int, done: 
         if loaded is not None:
             loaded.set()
             await asyncio.to_thread(go.wait, 300)
-        from rljob_client.weight_broadcast import TrainerGroup, local_address_towards
-        from rljob_client.weight_buckets import pack_bucket, plan_buckets
+        from rljob_client.weights.broadcast import TrainerGroup, local_address_towards
+        from rljob_client.weights.buckets import pack_bucket, plan_buckets
 
         buckets = plan_buckets(tensors.items(), 16 * 1024)
         await receiver.pause(PauseMode.wait)

@@ -28,10 +28,10 @@ import pytest
 import pytest_asyncio
 from rljob_cli.local_platform import LocalPlatform, VLLMLauncher
 from rljob_client.controller_client import LocalControllerClient
-from rljob_client.trainer.distributed_transport import DistributedTransport
-from rljob_client.trainer.transport import TransportContext
-from rljob_client.weight_broadcast import VLLMReceiver, WeightTransferFailed
-from rljob_client.weight_buckets import Bucket
+from rljob_client.weights.broadcast import VLLMReceiver, WeightTransferFailed
+from rljob_client.weights.buckets import Bucket
+from rljob_client.weights.process_group import DistributedTransport
+from rljob_client.weights.transport import TransportContext
 
 from controller_runtime.api.spec import InferenceSpec
 from controller_runtime.api.status import CellState

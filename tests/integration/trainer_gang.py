@@ -24,9 +24,9 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from rljob_client.ranks import StoreRanks
 from rljob_client.trainer.checkpoint import Checkpoint, CheckpointStore, restore_checkpoint, take_checkpoint
 from rljob_client.trainer.loop import StepRecord
-from rljob_client.trainer.ranks import StoreRanks
 from rljob_client.trainer.resume import Checkpointer, resume_from
 
 GATE_POLL_SECONDS = 0.05

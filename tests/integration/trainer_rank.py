@@ -30,10 +30,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from rljob_client.controller_client import InferenceControllerClient
-from rljob_client.trainbatch import TrainBatch, decode
+from rljob_client.ranks import RankFailed, StoreRanks
 from rljob_client.trainer.loop import LoopConfig, TrainingLoop
 from rljob_client.trainer.policy import StepMetrics, average_gradients
-from rljob_client.trainer.ranks import RankFailed, StoreRanks
+from rljob_client.wire.trainbatch import TrainBatch, decode
 
 from controller_runtime.api.spec import Engine
 from controller_runtime.clients.factory import make_engine_client

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from rljob_client.trainbatch import decode, encode_bytes
+from rljob_client.wire.trainbatch import decode, encode_bytes
 from rollout_executor.batching import build_batch, check_groups_complete, group_advantages
 from rollout_executor.samples import Sample, SampleKey
 

@@ -62,3 +62,11 @@ def test_llama_example_shape() -> None:
     assert inf.weight_update.method == "disk" and inf.weight_update.pvc is not None
     assert job.rollout.dataset.pvc is not None
     assert (job.trainer.replicas, job.trainer.gpus_per_replica) == (1, 8) and job.trainer.service_account_name
+
+
+def test_llama_fsdp2_example_shards_the_model_over_eight_one_gpu_ranks() -> None:
+    job = RLJobManifest.model_validate(yaml.safe_load((REPO_ROOT / "examples/llama-8b-fsdp2.yaml").read_text())).spec
+    assert (job.trainer.replicas, job.trainer.gpus_per_replica) == (8, 1)
+    assert job.trainer.command == ["python", "/opt/trainers/fsdp2.py"]
+    assert {e.name: e.value for e in job.trainer.env}["MICRO_BATCHES"] == "4"
+    assert job.rollout.batch_size * job.rollout.sampling.n_samples_per_prompt % (8 * 4) == 0  # whole micro-batches

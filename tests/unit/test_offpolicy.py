@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from rljob_client.trainbatch import TrainBatch
 from rljob_client.trainer import grpo
+from rljob_client.wire.trainbatch import TrainBatch
 
 from controller_runtime.api.spec import (
     STALE_NEEDS_CORRECTION_MSG,

@@ -127,3 +127,29 @@ def test_status_render_shows_engines_and_lock() -> None:
     }})
     assert "RLJob ns/toy: Running  ready 1/2  weights v7  rollout 6" in text
     assert "held by trainer-0" in text and "probe failed" in text
+
+
+def test_local_mode_runs_a_trainer_command_with_a_trainer_pods_environment(tmp_path: Path) -> None:
+    import sys
+
+    from rljob_cli.capacity import local_mode_problems
+    from rljob_cli.run import local_command, trainer_env
+
+    from controller_runtime.api.spec import RLJobSpec
+
+    byo = load_manifest(Path(__file__).resolve().parents[2] / "examples" / "byo-trainer.yaml").spec
+    assert byo.trainer.command and not local_mode_problems(byo, 64 * 2**30)
+    data = byo.model_dump(by_alias=True, exclude_none=True)
+    data["trainer"].pop("command")
+    data["trainer"]["workloadRef"] = {"apiVersion": "batch/v1", "kind": "Job", "name": "t"}
+    problems = local_mode_problems(RLJobSpec.model_validate(data), 64 * 2**30)
+    assert any(p.startswith("spec.trainer.workloadRef: local mode runs the trainer itself") for p in problems)
+    env = trainer_env(byo, "byo", tmp_path, 7, "http://127.0.0.1:1", "/tok", "ray://127.0.0.1:2",
+                      tmp_path / "steps.jsonl", overlap=False)
+    from rljob_client.env import read
+
+    sdk = read(env)
+    assert (sdk.name, sdk.steps, sdk.weights_dir, sdk.weight_update_method) == ("byo", 7, tmp_path / "weights", "disk")
+    assert env["LEARNING_RATE"] == "3e-3" and env["RLJOB_EXECUTOR_PYTHON"].count(".") == 2
+    assert local_command(["python", "t.py", "--x"]) == [sys.executable, "t.py", "--x"]
+    assert local_command(["/bin/train"]) == ["/bin/train"]

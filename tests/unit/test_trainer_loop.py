@@ -19,10 +19,10 @@ import pytest
 import torch
 import yaml
 from rljob_client.controller_client import WINDOW_HOLDER_ENV, LocalControllerClient, default_holder
-from rljob_client.trainbatch import TrainBatch
+from rljob_client.publish import abort_orphan_window
 from rljob_client.trainer.loop import LoopConfig, TrainingLoop, WeightSyncFailed
 from rljob_client.trainer.policy import StepMetrics
-from rljob_client.trainer.resume import abort_orphan_window
+from rljob_client.wire.trainbatch import TrainBatch
 from rljob_operator.manifests import trainer_workload
 
 from controller_runtime.api.spec import InferenceSpec, MemoryTag, RLJobSpec

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from rljob_client.ranks import SingleRank, StoreRanks
 from rljob_client.trainer.checkpoint import (
     Checkpoint,
     CheckpointStore,
@@ -19,7 +20,6 @@ from rljob_client.trainer.checkpoint import (
     take_checkpoint,
 )
 from rljob_client.trainer.loop import StepRecord
-from rljob_client.trainer.ranks import SingleRank, StoreRanks
 from rljob_client.trainer.resume import Checkpointer
 from torch.distributed import TCPStore
 

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import torch
-from rljob_client.trainer.weights import DiskWeightWriter
+from rljob_client.weights.disk import DiskWeightWriter
 from safetensors.torch import load_file
 
 
@@ -66,7 +66,7 @@ def test_leftovers_of_an_earlier_run_never_outlive_the_version_just_written(tmp_
 
 
 def test_the_sent_tensors_are_a_snapshot_never_the_models_memory_cast_or_not() -> None:
-    from rljob_client.trainer.weights import unique_state_dict
+    from rljob_client.weights.disk import unique_state_dict
 
     model = torch.nn.Linear(3, 2)
     for dtype in (torch.bfloat16, torch.float32, None):

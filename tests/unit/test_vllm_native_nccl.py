@@ -11,17 +11,17 @@ from dataclasses import asdict
 
 import pytest
 import torch
-from rljob_client.trainer.distributed_transport import nccl_transport
-from rljob_client.trainer.transport import TransportContext
-from rljob_client.vllm_native_nccl import (
+from rljob_client.weights.broadcast import TrainerGroup, VLLMReceiver, receiver_for, sender_group_class
+from rljob_client.weights.buckets import plan_buckets
+from rljob_client.weights.native_nccl import (
     NativeNCCLGroup,
     VLLMNativeReceiver,
     init_payload,
     update_payload,
     use_native,
 )
-from rljob_client.weight_broadcast import TrainerGroup, VLLMReceiver, receiver_for, sender_group_class
-from rljob_client.weight_buckets import plan_buckets
+from rljob_client.weights.process_group import nccl_transport
+from rljob_client.weights.transport import TransportContext
 
 from controller_runtime.api.spec import PauseMode
 from controller_runtime.clients import VLLMClient

@@ -10,14 +10,21 @@ from typing import Any
 
 import pytest
 import torch
-from rljob_client.vllm_worker_extension import broadcast_from, connect_store, new_process_group
-from rljob_client.weight_broadcast import (
+from rljob_client.weights.broadcast import (
     GroupAddress,
     WeightBroadcaster,
     WeightTransferFailed,
     expected_checksums,
 )
-from rljob_client.weight_buckets import ALIGN, Bucket, pack_bucket, plan_buckets, tensor_digest, unpack_bucket
+from rljob_client.weights.buckets import (
+    ALIGN,
+    Bucket,
+    pack_bucket,
+    plan_buckets,
+    tensor_digest,
+    unpack_bucket,
+)
+from rljob_client.weights.group import broadcast_from, connect_store, new_process_group
 
 from controller_runtime.api.spec import PauseMode
 

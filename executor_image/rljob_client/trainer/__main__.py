@@ -43,15 +43,15 @@ from controller_runtime.api.spec import (
 )
 from controller_runtime.clients.factory import make_engine_client
 from rljob_client.controller_client import InferenceControllerClient, default_holder
+from rljob_client.ranks import StoreRanks
 from rljob_client.trainer.checkpoint import CheckpointError, CheckpointStore
 from rljob_client.trainer.evaluation import PolicyEvaluator
 from rljob_client.trainer.loop import LoopConfig, StepRecord, ThreadedRolloutStream, TrainingLoop
 from rljob_client.trainer.metrics import TrainerMetrics
-from rljob_client.trainer.ranks import StoreRanks
-from rljob_client.trainer.weights import DiskWeightWriter
+from rljob_client.weights.disk import DiskWeightWriter
 
 if TYPE_CHECKING:  # the executor's batch type; imported for annotations only
-    from rljob_client.trainbatch import TrainBatch
+    from rljob_client.wire.trainbatch import TrainBatch
 
 log = logging.getLogger("rljob_client.trainer")
 
@@ -104,6 +104,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--clip-eps-low", type=float, default=ref.off_policy.clip_eps_low)
     p.add_argument("--clip-eps-high", type=float, default=ref.off_policy.clip_eps_high)
     p.add_argument("--tis-cap", type=float, default=ref.off_policy.tis_cap)
+    p.add_argument("--micro-batch-size", type=int, default=ref.micro_batch_size,
+                   help="samples per forward/backward pass, gradients accumulated (0: the whole batch)")
+    p.add_argument("--kl-coef", type=float, default=ref.kl_coef, help="KL penalty (k3) against the initial model; 0: off")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--metrics-file", default=env("RLJOB_METRICS_FILE"),
                    help="append one JSON line per step (rewards, versions, timings) to this file")
@@ -119,6 +122,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                         clip_eps_high=args.clip_eps_high, tis_cap=args.tis_cap)
     except ValueError as exc:
         p.error(f"off-policy settings: {exc}")
+    if args.micro_batch_size < 0 or args.kl_coef < 0:
+        p.error("--micro-batch-size and --kl-coef must be >= 0")
     if args.save_every < 0 or args.keep_checkpoints < 1:
         p.error("--save-every must be >= 0 and --keep-checkpoints >= 1")
     if args.temperature < 0 or args.max_grad_norm < 0:
@@ -143,10 +148,11 @@ def init_distributed(rank: int, world_size: int) -> None:
 
 
 async def train(args: argparse.Namespace) -> int:
+    from rljob_client.publish import abort_orphan_window
     from rljob_client.rollout_stream import RolloutStream
     from rljob_client.trainer.grpo import OffPolicyCorrection
     from rljob_client.trainer.policy import PolicyTrainer
-    from rljob_client.trainer.resume import Checkpointer, abort_orphan_window, resume_from
+    from rljob_client.trainer.resume import Checkpointer, resume_from
 
     rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     controller = InferenceControllerClient.from_env(holder=default_holder())
@@ -180,7 +186,8 @@ async def train(args: argparse.Namespace) -> int:
         log.info("resuming at step %d from %s", start_step, model_dir)
     policy = PolicyTrainer(model_dir, args.learning_rate, args.algorithm, seed=args.seed,
                            max_grad_norm=args.max_grad_norm, temperature=args.temperature,
-                           correction=OffPolicyCorrection.from_spec(args.off_policy))
+                           correction=OffPolicyCorrection.from_spec(args.off_policy),
+                           micro_batch_size=args.micro_batch_size, kl_coef=args.kl_coef, reference_dir=args.model)
     stream = RolloutStream(controller.name)
     if ckpt is not None:
         if rank == 0:

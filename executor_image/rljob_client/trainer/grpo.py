@@ -163,6 +163,18 @@ def corrected_policy_loss(
     )
 
 
+def kl_k3(logprobs: torch.Tensor, reference_logprobs: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """KL(pi || pi_ref) by the k3 estimator, per sample (mean over its response tokens), shape [B].
+
+    k3 = exp(ref - logp) - (ref - logp) - 1: unbiased, never negative, low variance (Schulman's
+    "Approximating KL divergence"). Shapes as `corrected_policy_loss`: logprobs [B, T-1], the mask [B, T].
+    """
+    mask = response_mask[:, 1:].to(logprobs.dtype)
+    delta = torch.where(mask > 0, reference_logprobs.to(logprobs.dtype) - logprobs, torch.zeros_like(logprobs))
+    k3 = torch.exp(delta) - delta - 1.0
+    return (k3 * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+
+
 @dataclass(frozen=True)
 class PackedBatch:
     """Right-padded token rows ready for the model."""

@@ -10,7 +10,7 @@ Per step (REFERENCE-miles.md "Training step order"):
 5. weight update: stage version `step + 1` (disk: write it to the shared dir), close the
    executor's gate (`begin_weight_update`: spec.rollout.onWeightUpdate drains or aborts the
    in-flight requests), open the window and push to every engine of it at once (the
-   transport, `trainer/transport.py`); `end_update_weights` (cells join serving) or, on any
+   transport, `rljob_client/weights/transport.py`); `end_update_weights` (cells join serving) or, on any
    failure, `abort_update_weights` and retry; then the executor's `set_weight_version(step + 1)`
    and `end_weight_update` (the gate reopens, aborted requests retry on the new weights);
 6. colocated: `onload_kv()`.
@@ -38,19 +38,19 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from controller_runtime.api.spec import Engine, MemoryTag, PauseMode, RLJobSpec, WeightUpdateMethod
-from controller_runtime.api.status import CellState
-from controller_runtime.errors import EngineError, NoReadyEngines, WeightCheckMismatch
 from rljob_client.controller_client import ControllerClient
-from rljob_client.errors import RLJobError
+from rljob_client.publish import PublishSettings, WeightPublisher, WeightSyncFailed
+from rljob_client.ranks import RankFailed, RankSync, SingleRank
+from rljob_client.records import StepRecord
 from rljob_client.trainer.evaluation import PolicyEvaluator
 from rljob_client.trainer.policy import PolicyTrainer, StepMetrics
-from rljob_client.trainer.ranks import RankFailed, RankSync, SingleRank
-from rljob_client.trainer.transport import (
+from rljob_client.weights.disk import DiskWeightWriter
+from rljob_client.weights.transport import (
     DEFAULT_PUSH_CONCURRENCY,
     DiskTransport,
     EngineFactory,
@@ -59,19 +59,14 @@ from rljob_client.trainer.transport import (
     make_transport,
     push_from_disk,
 )
-from rljob_client.trainer.weights import DiskWeightWriter
 
 if TYPE_CHECKING:  # the executor's batch type; imported for annotations only
-    from rljob_client.trainbatch import TrainBatch
+    from rljob_client.wire.trainbatch import TrainBatch
 
 log = logging.getLogger(__name__)
 
 __all__ = ["EngineFactory", "LoopConfig", "OverlappingRolloutSource", "RankFailed", "RolloutSource", "StepRecord", "ThreadedRolloutStream",
            "TrainingLoop", "WeightSyncFailed", "push_from_disk"]
-
-
-class WeightSyncFailed(RLJobError, RuntimeError):
-    """Weights could not be pushed within the allowed attempts."""
 
 
 class RolloutSource(Protocol):
@@ -175,30 +170,6 @@ def default_overlap(spec: RLJobSpec) -> bool:
     return spec.overlaps_generation
 
 
-@dataclass
-class StepRecord:
-    """One step as the progress display and the summary see it."""
-
-    step: int
-    weight_version: int
-    reward_mean: float
-    reward_std: float
-    loss: float
-    samples: int
-    response_tokens: int
-    batch_weight_versions: list[int] = field(default_factory=list)
-    rollout_seconds: float = 0.0
-    train_seconds: float = 0.0
-    sync_seconds: float = 0.0
-    step_seconds: float = 0.0
-    update_attempts: int = 1
-    ratio_mean: float = 1.0  # mean pi_train / pi_engine over the batch's response tokens
-    clipped_fraction: float = 0.0  # response tokens the off-policy correction clipped or capped
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
 class TrainingLoop:
     """One rank's loop. Rank 0 (the writer) makes every control call and pushes the weights;
     the others train and wait at `ranks.share_version` until the step's weights are live."""
@@ -241,6 +212,14 @@ class TrainingLoop:
         log.info("%s", text)
         if self.on_status is not None:
             self.on_status(text)
+
+    @property
+    def publisher(self) -> WeightPublisher:
+        """The SDK's gate -> window -> transport sequence over this loop's controller and executor."""
+        c = self.config
+        return WeightPublisher(self.controller, self.rollouts, PublishSettings(
+            holder=c.holder, fleet_timeout_seconds=c.fleet_timeout_seconds, max_update_attempts=c.max_update_attempts,
+            retry_seconds=c.retry_seconds, ready_timeout_seconds=c.ready_timeout_seconds), on_status=self._status)
 
     @property
     def is_writer(self) -> bool:
@@ -364,53 +343,15 @@ class TrainingLoop:
                 get.cancel()
 
     async def fleet_waits_for_weights(self) -> bool:
-        cells = await self.controller.cells()
-        return not cells.serving_endpoints and any(e.state is CellState.PendingWeights for e in cells.engines)
+        return await self.publisher.fleet_waits_for_weights()
 
     async def sync_weights(self, version: int) -> int:
-        """Stage `version` and push it to every engine of a window, inside the executor's gate;
-        returns the attempts it took.
-
-        The gate closes before the window opens (drain: in-flight requests finish on the old
-        weights; abort: they are cancelled) and reopens after the executor knows the new version,
-        so a retried request is generated on the new weights. It reopens even when the push
-        fails, at the old version: a failed sync must not stop generation.
-        """
+        """Stage `version` and publish it inside the executor's gate (rljob_client.publish); returns the attempts."""
         await self.transport.stage(self.policy.model, version)
-        await self.rollouts.begin_weight_update()
-        reopen_at: int | None = None
-        try:
-            attempts = await self.push(version)
-            await self.rollouts.set_weight_version(version)
-            reopen_at = version
-        finally:
-            await self.rollouts.end_weight_update(reopen_at)
+        attempts = await self.publisher.sync(version, self.transport, self.policy.model)
         self.version = version
         return attempts
 
     async def push(self, version: int) -> int:
-        """Open windows until one completes: engine faults abort and retry, an empty fleet waits."""
-        loop = asyncio.get_running_loop()
-        fleet_deadline = loop.time() + self.config.fleet_timeout_seconds
-        attempt = 0
-        while True:
-            try:
-                async with self.controller.update_weights(self.config.holder, weight_version=str(version),
-                                                          ready_timeout=self.config.ready_timeout_seconds) as window:
-                    self._status(f"weights v{version}: pushing to {len(window.engines)} engines")
-                    opened = loop.time()
-                    await self.transport.push(window, version, self.policy.model)
-                    log.info("weights v%d: pushed to %d engines in %.2f s", version, len(window.engines),
-                             loop.time() - opened)
-                return attempt + 1
-            except NoReadyEngines as exc:
-                if loop.time() > fleet_deadline:
-                    raise WeightSyncFailed(f"no engine could take weights v{version} within "
-                                           f"{self.config.fleet_timeout_seconds:g} s: {exc}") from exc
-                self._status(f"weights v{version}: waiting for engines ({exc})")
-            except (EngineError, WeightCheckMismatch) as exc:  # a failed check aborted the window too
-                attempt += 1
-                log.warning("weights v%d: attempt %d failed (%s); window aborted", version, attempt, exc)
-                if attempt >= self.config.max_update_attempts:
-                    raise WeightSyncFailed(f"weights v{version}: {attempt} attempts failed; last: {exc}") from exc
-            await asyncio.sleep(self.config.retry_seconds)
+        """Open windows until one completes (rljob_client.publish.WeightPublisher.push)."""
+        return await self.publisher.push(version, self.transport, self.policy.model)

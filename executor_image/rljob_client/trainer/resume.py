@@ -21,12 +21,11 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from rljob_client.controller_client import ControllerClient
 from rljob_client.errors import RLJobError
+from rljob_client.ranks import RankSync, SingleRank
 from rljob_client.trainer.checkpoint import Checkpoint, CheckpointStore, capture_rng
 from rljob_client.trainer.loop import StepRecord
 from rljob_client.trainer.policy import PolicyTrainer
-from rljob_client.trainer.ranks import RankSync, SingleRank
 
 log = logging.getLogger(__name__)
 
@@ -95,20 +94,6 @@ class Checkpointer:
                 await self._task
             except Exception as exc:
                 raise CheckpointSaveFailed(f"saving a checkpoint to {self.store.root} failed: {exc}") from exc
-
-
-async def abort_orphan_window(controller: ControllerClient, holder: str) -> bool:
-    """Abort a window this trainer's previous incarnation left open (it died inside it).
-
-    Its engines may hold half-pushed weights; aborting recreates them, and waiting for the
-    lock to expire would only delay that. A window of another holder is left alone.
-    """
-    cells = await controller.cells()
-    if cells.lock is None or cells.lock.holder != holder:
-        return False
-    log.warning("aborting the update window %s left open by a previous run of this trainer", cells.lock.snapshot)
-    await controller.abort_update_weights(dict(cells.lock.snapshot))
-    return True
 
 
 async def resume_from(ckpt: Checkpoint, policy: PolicyTrainer, *, restore_executor: Callable[[dict[str, Any]], Awaitable[Any]]

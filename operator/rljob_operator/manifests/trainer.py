@@ -106,6 +106,7 @@ def _env(view: JobView, controller_url: str) -> list[dict[str, Any]]:
         env_value("RLJOB_READY_TIMEOUT_SECONDS", f"{wu.ready_timeout_seconds:g}"),
         env_value("RLJOB_TRAINER_METRICS_PORT", str(METRICS_PORT)),
         env_value("RLJOB_OVERLAP", "1" if view.spec.overlaps_generation else "0"),
+        env_value("RLJOB_STEPS", str(t.reference.steps)),  # the SDK's job.batches() reads it
         # Offload around training only when the trainer shares the engines' GPUs (colocated).
         env_value("RLJOB_OFFLOAD_TAGS", ",".join(str(tag) for tag in view.spec.inference.offload.tags) if t.colocate else ""),
         *ray_auth_env(view),

@@ -1,9 +1,9 @@
 """`gloo` / `nccl`: the weight transport that broadcasts into a process group of the window.
 
-Plugs into `trainer/transport.py`'s `WeightTransport` seam. Nothing is staged on disk: each
+Plugs into `weights/context.py`'s `WeightTransport` seam. Nothing is staged on disk: each
 push forms a new group with exactly the engines of the open window (a cell recreated since
 the snapshot is not among them and never joins), broadcasts the policy's weights in buckets
-(`rljob_client.weight_broadcast`), and tears the group down before the window ends, so the
+(`rljob_client.weights.broadcast`), and tears the group down before the window ends, so the
 next window forms a fresh group with whoever participates then.
 
 With `weightUpdate.checkWeights` the engines keep the sha256 of every tensor they received and
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rljob_client.weight_broadcast import (
+from rljob_client.weights.broadcast import (
     WeightBroadcaster,
     WeightReceiver,
     WeightTransferFailed,
@@ -33,10 +33,11 @@ from rljob_client.weight_broadcast import (
     named_tensors,
     receiver_for,
 )
+from rljob_client.weights.native_nccl import use_native
 
 if TYPE_CHECKING:
     from rljob_client.controller_client import WeightUpdateWindow
-    from rljob_client.trainer.transport import TransportContext
+    from rljob_client.weights.context import TransportContext, Weights
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +60,10 @@ class DistributedTransport:
     async def stage(self, model: torch.nn.Module, version: int) -> None:
         """Nothing to write: the bytes leave the trainer's memory inside the window."""
 
-    async def push(self, window: WeightUpdateWindow, version: int, model: torch.nn.Module) -> None:
-        tensors = named_tensors(model, self.dtype)
+    async def push(self, window: WeightUpdateWindow, version: int, model: Weights) -> None:
+        if model is None:
+            raise ValueError(f"weights v{version}: a process-group push needs the tensors, not a staged directory")
+        tensors = named_tensors(model, self.dtype) if isinstance(model, torch.nn.Module) else model
         clients = [self.context.engines(e.endpoint) for e in window.engines]
         try:
             receivers = [self.receiver(c) for c in clients]
@@ -94,7 +97,5 @@ def gloo_transport(context: TransportContext) -> DistributedTransport:
 def nccl_transport(context: TransportContext) -> DistributedTransport:
     """GPU engines: vLLM's own NCCL weight-transfer engine where `use_native` allows it, else the
     rljob extension's receive with CUDA buffers."""
-    from rljob_client.vllm_native_nccl import use_native
-
     native = use_native(context.check_weights)
     return DistributedTransport(context, "nccl", receiver=lambda c: receiver_for(c, native_nccl=native))

@@ -3,7 +3,8 @@
 vLLM's `reload_weights(weights_path=DIR)` (collective_rpc) points the engine's model config
 at DIR and reads every `*.safetensors` there with its default loader; SGLang's
 `update_weights_from_disk` wants a whole model directory. So each version is written as a
-full model dir: `model.safetensors` plus the config and tokenizer files copied from the
+full model dir (`model.safetensors`, or shards of `weightUpdate.bucketMegabytes` for a large model,
+streamed by `weights.export`) plus the config and tokenizer files copied from the
 served model, written into a temporary sibling and renamed into place so that an engine
 never reads half a file. Only the newest `keep` versions stay on disk (the engine reads a
 version inside the update window, before the next one is written).
@@ -14,21 +15,12 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
-# Files copied beside the weights so that the directory is a loadable model on its own.
-MODEL_FILES = (
-    "config.json",
-    "generation_config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "chat_template.jinja",
-)
+from rljob_client.weights.export import iter_named_tensors, write_stream
+
 VERSION_DIR = re.compile(r"^v(\d+)$")
 
 
@@ -59,13 +51,14 @@ class DiskWeightWriter:
     """Writes `ROOT/v<N>/` model directories and prunes old ones."""
 
     def __init__(self, root: str | os.PathLike[str], source_model_dir: str | os.PathLike[str], keep: int = 2,
-                 dtype: torch.dtype | None = torch.bfloat16) -> None:
+                 dtype: torch.dtype | None = torch.bfloat16, bucket_bytes: int = 512 * 2**20) -> None:
         if keep < 1:
             raise ValueError("keep must be at least 1")
         self.root = Path(root)
         self.source = Path(source_model_dir)
         self.keep = keep
         self.dtype = dtype
+        self.bucket_bytes = bucket_bytes
 
     def path_for(self, version: int) -> Path:
         return self.root / f"v{version}"
@@ -78,23 +71,10 @@ class DiskWeightWriter:
         return sorted(found)
 
     def save(self, model: torch.nn.Module, version: int) -> Path:
-        """Write version `version` and return its directory (absolute)."""
+        """Write version `version` and return its directory (absolute): streamed one bucket at a time."""
         self.root.mkdir(parents=True, exist_ok=True)
-        final = self.path_for(version).resolve()
-        tmp = Path(tempfile.mkdtemp(prefix=f".v{version}.", dir=self.root))
-        try:
-            tmp.chmod(0o755)  # engines may run as another user on shared storage
-            save_file(unique_state_dict(model, self.dtype), str(tmp / "model.safetensors"), metadata={"format": "pt"})
-            for name in MODEL_FILES:
-                src = self.source / name
-                if src.is_file():
-                    shutil.copy2(src, tmp / name)
-            if final.exists():
-                shutil.rmtree(final)
-            os.replace(tmp, final)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+        final = write_stream(iter_named_tensors(model, self.dtype), self.path_for(version).resolve(), self.source,
+                             self.bucket_bytes)
         self.prune(version)
         return final
 

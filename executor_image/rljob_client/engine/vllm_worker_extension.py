@@ -1,6 +1,6 @@
 """vLLM worker extension: receive weights from the trainer over a process group of its own.
 
-Loaded with `--worker-extension-cls rljob_client.vllm_worker_extension.WeightTransferExtension`
+Loaded with `--worker-extension-cls rljob_client.engine.vllm_worker_extension.WeightTransferExtension`
 (vLLM mixes the class into its worker) and driven through `/collective_rpc`, which runs a
 method on every worker of the engine and answers when all returned:
 
@@ -28,14 +28,13 @@ never forms makes the call fail after `timeout_s` instead of hanging the engine;
 receive leaves the model half-updated, so it also leaves the group and the caller aborts the
 window (the controller then recreates the engine).
 
-Imports: torch, the standard library and `rljob_client.weight_buckets` only (this module
+Imports: torch, the standard library and `rljob_client.weights.buckets`/`.group` only (this module
 runs inside the vLLM worker process).
 """
 
 from __future__ import annotations
 
 import contextlib
-import datetime
 import json
 import logging
 import os
@@ -47,9 +46,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.distributed import PrefixStore, TCPStore
+from torch.distributed import PrefixStore
 
-from rljob_client.weight_buckets import Bucket, tensor_digest, unpack_bucket
+from rljob_client.weights.buckets import Bucket, tensor_digest, unpack_bucket
+from rljob_client.weights.group import broadcast_from, connect_store, new_process_group
 
 log = logging.getLogger(__name__)
 
@@ -73,35 +73,6 @@ def allow_amx() -> bool:
 
 
 allow_amx()
-
-
-def new_process_group(
-    backend: str, store: Any, rank: int, world_size: int, timeout_s: float
-) -> Any:
-    """A ProcessGroupGloo/ProcessGroupNCCL over `store`, outside torch's default world."""
-    timeout = datetime.timedelta(seconds=timeout_s)
-    if backend == "gloo":
-        return torch.distributed.ProcessGroupGloo(store, rank, world_size, timeout)
-    if backend == "nccl":
-        opts = torch.distributed.ProcessGroupNCCL.Options()
-        opts._timeout = timeout
-        return torch.distributed.ProcessGroupNCCL(store, rank, world_size, opts)
-    raise ValueError(f"unknown weight-transfer backend {backend!r} (gloo or nccl)")
-
-
-def broadcast_from(group: Any, tensor: torch.Tensor, root: int = 0, timeout_s: float | None = None) -> None:
-    opts = torch.distributed.BroadcastOptions()
-    opts.rootRank = root
-    work = group.broadcast([tensor], opts)
-    if timeout_s is None:
-        work.wait()
-    else:
-        work.wait(datetime.timedelta(seconds=timeout_s))
-
-
-def connect_store(address: str, port: int, world_size: int, is_master: bool, timeout_s: float) -> Any:
-    return TCPStore(address, port, world_size, is_master, timeout=datetime.timedelta(seconds=timeout_s),
-                    wait_for_workers=False)
 
 
 def transfer_cpus() -> set[int]:

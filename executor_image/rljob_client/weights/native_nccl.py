@@ -34,8 +34,8 @@ from typing import Any
 import torch
 
 from controller_runtime.clients.vllm import VLLMClient
-from rljob_client.weight_broadcast import GroupAddress, _EngineControl
-from rljob_client.weight_buckets import Bucket
+from rljob_client.weights.buckets import Bucket
+from rljob_client.weights.group import EngineControl, GroupAddress
 
 GROUP_KIND = "vllm-pynccl"
 
@@ -60,7 +60,7 @@ def update_payload(bucket: Bucket) -> dict[str, Any]:
             "shapes": [list(s.shape) for s in bucket.slots]}
 
 
-class VLLMNativeReceiver(_EngineControl):
+class VLLMNativeReceiver(EngineControl):
     """One vLLM engine of the window, received by vLLM's NCCL weight-transfer engine."""
 
     framing = "per_tensor"
@@ -93,7 +93,7 @@ def free_port(address: str) -> int:
 
 
 class NativeNCCLGroup:
-    """The trainer's rank 0 of vLLM's group: same surface as weight_broadcast.TrainerGroup."""
+    """The trainer's rank 0 of vLLM's group: same surface as group.TrainerGroup."""
 
     def __init__(self, backend: str, address: str, world_size: int, group_name: str, timeout_s: float) -> None:
         if backend != "nccl":

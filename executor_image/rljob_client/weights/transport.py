@@ -29,10 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Protocol
+from collections.abc import Callable
 
 import torch
 
@@ -40,40 +37,21 @@ from controller_runtime.api.control import EngineEndpoint
 from controller_runtime.api.spec import PauseMode, WeightUpdateMethod
 from controller_runtime.ports import EngineClient
 from rljob_client.controller_client import WeightUpdateWindow
-from rljob_client.trainer.distributed_transport import gloo_transport, nccl_transport
-from rljob_client.trainer.weights import DiskWeightWriter
+from rljob_client.weights.context import (
+    DEFAULT_PUSH_CONCURRENCY,
+    EngineFactory,
+    TransportContext,
+    Weights,
+    WeightTransport,
+    push_all,
+)
+from rljob_client.weights.disk import DiskWeightWriter
+from rljob_client.weights.process_group import gloo_transport, nccl_transport
+
+__all__ = ["DEFAULT_PUSH_CONCURRENCY", "TRANSPORTS", "DiskTransport", "EngineFactory", "TransportContext",
+           "WeightTransport", "Weights", "make_transport", "push_all", "push_from_disk"]
 
 log = logging.getLogger(__name__)
-
-EngineFactory = Callable[[str], EngineClient]
-DEFAULT_PUSH_CONCURRENCY = 8
-
-
-class WeightTransport(Protocol):
-    """Moves one weight version into the engines of an open window (see the module docstring)."""
-
-    async def stage(self, model: torch.nn.Module, version: int) -> None: ...
-
-    async def push(self, window: WeightUpdateWindow, version: int, model: torch.nn.Module) -> None: ...
-
-    async def close(self) -> None: ...
-
-
-@dataclass(frozen=True)
-class TransportContext:
-    """What any transport may need from the loop; a new transport adds fields with defaults."""
-
-    engines: EngineFactory
-    pause_mode: PauseMode
-    sync_dir: Path
-    source_model_dir: Path
-    keep_versions: int = 2
-    concurrency: int = DEFAULT_PUSH_CONCURRENCY
-    writer: DiskWeightWriter | None = None
-    bucket_bytes: int = 512 * 2**20  # gloo/nccl: weightUpdate.bucketMegabytes
-    transfer_timeout_seconds: float = 120.0  # gloo/nccl: weightUpdate.transferTimeoutSeconds
-    check_weights: bool = False  # send the trainer's checksums for the controller to compare
-
 
 async def push_from_disk(client: EngineClient, path: str, version: int, pause_mode: PauseMode) -> None:
     """One engine: pause -> reload weights from `path` -> set the version -> resume.
@@ -88,44 +66,18 @@ async def push_from_disk(client: EngineClient, path: str, version: int, pause_mo
         await client.resume()
 
 
-async def push_all(window: WeightUpdateWindow, concurrency: int,
-                   one: Callable[[EngineEndpoint], Awaitable[None]]) -> None:
-    """Run `one` for every engine of the window, at most `concurrency` at once.
-
-    Every engine's push runs to its end even when another one fails (cancelling a push half
-    way could leave its engine paused); then the first failure is raised, which aborts the
-    window. `window.pushed` lists the cells that completed, in the window's order.
-    """
-    gate = asyncio.Semaphore(max(1, concurrency))
-
-    async def bounded(engine: EngineEndpoint) -> None:
-        async with gate:
-            await one(engine)
-
-    results = await asyncio.gather(*(bounded(e) for e in window.engines), return_exceptions=True)
-    failures: list[BaseException] = []
-    for engine, result in zip(window.engines, results, strict=True):
-        if isinstance(result, BaseException):
-            failures.append(result)
-            log.warning("weights: %s (%s) failed: %s: %s", engine.cell, engine.endpoint, type(result).__name__, result)
-        else:
-            window.pushed.append(engine.cell)
-    if failures:
-        raise failures[0]
-
-
 class DiskTransport:
     """`disk`: write a full model directory once per version, then every engine reloads it in parallel."""
 
     def __init__(self, context: TransportContext) -> None:
         self.context = context
         self.writer = context.writer or DiskWeightWriter(context.sync_dir, context.source_model_dir,
-                                                         keep=context.keep_versions)
+                                                         keep=context.keep_versions, bucket_bytes=context.bucket_bytes)
 
     async def stage(self, model: torch.nn.Module, version: int) -> None:
         await asyncio.to_thread(self.writer.save, model, version)
 
-    async def push(self, window: WeightUpdateWindow, version: int, model: torch.nn.Module) -> None:
+    async def push(self, window: WeightUpdateWindow, version: int, model: Weights) -> None:
         path = str(self.writer.path_for(version).resolve())
 
         async def one(engine: EngineEndpoint) -> None:

@@ -17,7 +17,7 @@ may hold half of the new weights and must not serve them until they are recreate
 
 The same code runs `gloo` (CPU engines, tests) and `nccl` (GPU engines: buffers on the
 trainer's CUDA device). Engine kinds differ only in the receiver: vLLM receives a plan of
-packed buckets in one call (`rljob_client.vllm_worker_extension`); SGLang's
+packed buckets in one call (`rljob_client.engine.vllm_worker_extension`); SGLang's
 `update_weights_from_distributed` takes one bucket's names/dtypes/shapes per call and one
 broadcast per tensor.
 """
@@ -25,7 +25,6 @@ broadcast per tensor.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
@@ -34,7 +33,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import urlsplit
 
 import torch
@@ -44,8 +43,7 @@ from controller_runtime.clients.sglang import SGLangClient
 from controller_runtime.clients.vllm import VLLMClient
 from controller_runtime.errors import EngineError
 from rljob_client.errors import RLJobError
-from rljob_client.vllm_worker_extension import broadcast_from, connect_store, new_process_group
-from rljob_client.weight_buckets import (
+from rljob_client.weights.buckets import (
     DEFAULT_BUCKET_BYTES,
     DEFAULT_DIRECT_BYTES,
     Bucket,
@@ -54,6 +52,15 @@ from rljob_client.weight_buckets import (
     plan_buckets,
     tensor_digest,
 )
+from rljob_client.weights.disk import unique_state_dict
+from rljob_client.weights.group import (
+    EngineControl,
+    GroupAddress,
+    SenderGroup,
+    TrainerGroup,
+    WeightReceiver,
+)
+from rljob_client.weights.native_nccl import GROUP_KIND, NativeNCCLGroup, VLLMNativeReceiver
 
 log = logging.getLogger(__name__)
 
@@ -83,52 +90,7 @@ class TransferTarget:
     cell: str = ""
 
 
-@dataclass(frozen=True)
-class GroupAddress:
-    master_address: str
-    master_port: int
-    world_size: int
-    backend: str
-    group_name: str
-    timeout_s: float
-
-
-class WeightReceiver(Protocol):
-    """The engine-side calls of one participant (what differs between vLLM and SGLang)."""
-
-    endpoint: str
-    framing: str  # "packed": one flat buffer per bucket; "per_tensor": one broadcast per tensor
-    group_kind: str  # "torch": a torch process group on a TCPStore; "vllm-pynccl": vLLM's own
-
-    async def join(self, group: GroupAddress, rank_offset: int) -> None: ...
-    async def receive(self, buckets: Sequence[Bucket], version: str | None, timeout_s: float,
-                      bucket_sent: Callable[[int], Awaitable[None]], digest: bool = False) -> None: ...
-    async def leave(self) -> None: ...
-    async def pause(self, mode: PauseMode) -> None: ...
-    async def resume(self) -> None: ...
-    async def set_weight_version(self, version: str) -> None: ...
-
-
-class _EngineControl:
-    """Pause, resume and the weight version: the same calls on every engine client."""
-
-    group_kind = "torch"
-
-    def __init__(self, client: Any) -> None:
-        self.client = client
-        self.endpoint: str = client.endpoint
-
-    async def pause(self, mode: PauseMode) -> None:
-        await self.client.pause(mode)
-
-    async def resume(self) -> None:
-        await self.client.resume()
-
-    async def set_weight_version(self, version: str) -> None:
-        await self.client.set_weight_version(version)
-
-
-class VLLMReceiver(_EngineControl):
+class VLLMReceiver(EngineControl):
     """vLLM with the rljob worker extension: the whole plan in one `receive_weights` call."""
 
     framing = "packed"
@@ -153,7 +115,7 @@ class VLLMReceiver(_EngineControl):
         await self.client.close_weight_transfer()
 
 
-class SGLangReceiver(_EngineControl):
+class SGLangReceiver(EngineControl):
     """SGLang's native routes: one `update_weights_from_distributed` call per bucket.
 
     Driven at the route level only (tests/integration/test_sglang_client.py's stand-in); the
@@ -191,8 +153,6 @@ def receiver_for(client: Any, *, native_nccl: bool = False) -> WeightReceiver:
     engines, windows that verify no checksums) instead of the rljob extension."""
     if isinstance(client, VLLMClient):
         if native_nccl:
-            from rljob_client.vllm_native_nccl import VLLMNativeReceiver
-
             return VLLMNativeReceiver(client)
         return VLLMReceiver(client)
     if isinstance(client, SGLangClient):
@@ -223,56 +183,6 @@ class TransferReport:
     seconds: dict[str, float] = field(default_factory=dict)
 
 
-class TrainerGroup:
-    """The trainer's rank 0: the TCPStore master and its process group for one window."""
-
-    def __init__(self, backend: str, address: str, world_size: int, group_name: str, timeout_s: float) -> None:
-        self.backend = backend
-        self.world_size = world_size
-        self.group_name = group_name
-        self.timeout_s = timeout_s
-        self.store = connect_store(address, 0, world_size, True, timeout_s)
-        self.address = GroupAddress(address, int(self.store.port), world_size, backend, group_name, timeout_s)
-        self.group: Any = None
-        self.device = torch.device("cuda") if backend == "nccl" else torch.device("cpu")
-
-    def form(self, handshake: bool) -> None:
-        """Blocks until every rank joined (or the timeout): run it beside the engines' joins.
-
-        With `handshake`, a one-byte broadcast (the vLLM extension sends the same) proves every
-        rank is connected before any weight moves; NCCL would otherwise connect lazily.
-        """
-        from torch.distributed import PrefixStore
-
-        self.group = new_process_group(self.backend, PrefixStore(self.group_name, self.store), 0,
-                                       self.world_size, self.timeout_s)
-        if handshake:
-            broadcast_from(self.group, torch.zeros(1, dtype=torch.uint8, device=self.device), 0, self.timeout_s)
-
-    def broadcast(self, tensor: torch.Tensor) -> None:
-        broadcast_from(self.group, tensor, 0, self.timeout_s)
-
-    def close(self) -> None:
-        group, self.group = self.group, None
-        if group is not None:
-            shutdown = getattr(group, "shutdown", None)
-            if callable(shutdown):
-                with contextlib.suppress(Exception):
-                    shutdown()
-        self.store = None
-
-
-class SenderGroup(Protocol):
-    """The trainer's rank 0 of a window's group (TrainerGroup, or vllm_native_nccl's)."""
-
-    address: GroupAddress
-    device: torch.device
-
-    def form(self, handshake: bool) -> None: ...
-    def broadcast(self, tensor: torch.Tensor) -> None: ...
-    def close(self) -> None: ...
-
-
 def sender_group_class(receivers: Sequence[WeightReceiver]) -> Callable[..., SenderGroup]:
     """The trainer's side of the group the receivers join (one kind per window)."""
     kinds = {r.group_kind for r in receivers}
@@ -280,8 +190,6 @@ def sender_group_class(receivers: Sequence[WeightReceiver]) -> Callable[..., Sen
         raise ValueError(f"engines of one window must join one kind of group, not {sorted(kinds)}")
     if kinds == {"torch"}:
         return TrainerGroup
-    from rljob_client.vllm_native_nccl import GROUP_KIND, NativeNCCLGroup
-
     if kinds == {GROUP_KIND}:
         return NativeNCCLGroup
     raise ValueError(f"unknown group kind {kinds.pop()!r}")
@@ -468,8 +376,6 @@ def expected_checksums(tensors: Mapping[str, torch.Tensor]) -> dict[str, str]:
 
 def named_tensors(model: torch.nn.Module, dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
     """What the trainer sends: the disk path's unique state dict (same names, same dtype)."""
-    from rljob_client.trainer.weights import unique_state_dict
-
     return unique_state_dict(model, dtype)
 
 

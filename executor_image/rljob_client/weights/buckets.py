@@ -6,7 +6,7 @@ offset) in the RPC that starts the receive, then broadcasts the buckets in order
 aligned to `ALIGN` bytes so that every slice can be viewed as its dtype without a copy.
 
 This module imports only torch and the standard library: the engine side
-(`rljob_client.vllm_worker_extension`) runs it inside the vLLM worker process.
+(`rljob_client.engine.vllm_worker_extension`) runs it inside the vLLM worker process.
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""Code loaded into the engine processes (the vLLM worker extension); never imported by the trainer SDK."""

@@ -1,0 +1,1 @@
+"""How weights leave the trainer: buckets, the disk and process-group transports, the streaming export."""

@@ -1,0 +1,1 @@
+"""The batch wire format the executor writes and the SDK reads (no torch, no Ray)."""
