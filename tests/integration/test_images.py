@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from rljob_operator.manifests.engine import VLLM_MODULE
 from rljob_operator.manifests.executor import EXECUTOR_MODULE
 from rljob_operator.manifests.podsecurity import NON_ROOT_UID
