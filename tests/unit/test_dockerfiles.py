@@ -73,3 +73,23 @@ def test_every_stage_starts_from_the_base_build_argument(path: Path) -> None:
     froms = [stage[0].split()[1] for stage in _stages(text)]
     assert froms and all(f == "${BASE}" for f in froms), froms
     assert "BASE" in _arg_defaults(text), "ARG BASE=<image> before the first FROM gives Docker a default"
+
+
+def test_build_script_builds_every_dockerfile_under_the_names_the_chart_uses() -> None:
+    """scripts/build-images' table: every Dockerfile once, named as the chart's values and the
+    CRD's defaults name its image (ghcr.io/rljob/<name>), so a release pushes what they pull."""
+    proc = subprocess.run([str(ROOT / "scripts" / "build-images"), "--list"], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    table = {image: (dockerfile, name) for image, dockerfile, name in (line.split() for line in proc.stdout.splitlines())}
+    assert sorted(ROOT / d for d, _ in table.values()) == sorted(DOCKERFILES)
+    values = (ROOT / "helm" / "rljob-operator" / "values.yaml").read_text()
+    assert f"repository: ghcr.io/rljob/{table['operator'][1]}\n" in values
+    crd = (ROOT / "crds" / "rljob.yaml").read_text()
+    for image in ("executor", "trainer"):
+        assert f"ghcr.io/rljob/{table[image][1]}:" in crd, image
+
+
+def test_release_refuses_a_version_helm_cannot_package() -> None:
+    proc = subprocess.run([str(ROOT / "scripts" / "release"), "1.0"], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2
+    assert "SemVer" in proc.stderr
