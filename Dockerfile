@@ -1,8 +1,10 @@
 # syntax=docker/dockerfile:1
 # The operator image: kopf + kubernetes client + controller_runtime. No torch, vLLM or Ray.
-# Base pinned by exact tag (a digest cannot be resolved on the build machines, which have no
-# registry access; pin a digest in your own mirror).
-FROM python:3.11.11-slim-bookworm AS build
+# BASE: a Debian image with CPython 3.11 as `python`; scripts/build-images passes one made from
+# Debian's packages. The default is pinned by exact tag (a digest cannot be resolved on the
+# build machines, which have no registry access; pin a digest in your own mirror).
+ARG BASE=python:3.11.11-slim-bookworm
+FROM ${BASE} AS build
 WORKDIR /src
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/rljob
@@ -18,7 +20,7 @@ COPY executor_image/rljob_client ./executor_image/rljob_client
 RUN /opt/rljob/bin/pip install --no-compile --no-deps --no-build-isolation . \
  && /opt/rljob/bin/python -c "import rljob_operator, controller_runtime, kopf, kubernetes"
 
-FROM python:3.11.11-slim-bookworm
+FROM ${BASE}
 LABEL org.opencontainers.image.title="rljob-operator" \
       org.opencontainers.image.description="Kubernetes operator for RLJob (RL post-training of LLMs)" \
       org.opencontainers.image.licenses="Apache-2.0"

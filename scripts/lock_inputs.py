@@ -63,6 +63,22 @@ PROFILES = (
         constrained_by="dev",
         used_by="executor_image/Dockerfile (the RolloutExecutor image)",
     ),
+    Profile(
+        "trainer",
+        extras=("executor", "vllm"),
+        inputs=("build.in",),
+        constrained_by="dev",
+        used_by="images/trainer.Dockerfile (the reference trainer image)",
+    ),
+    Profile(
+        "engine",
+        extras=("vllm",),
+        inputs=("engine.in", "build.in"),
+        overrides=("overrides.txt",),
+        excludes=("excludes.txt",),
+        constrained_by="dev",
+        used_by="images/engine.Dockerfile (the vLLM CPU engine image)",
+    ),
 )
 
 

@@ -21,7 +21,11 @@ ROOT = Path(__file__).resolve().parents[2]
 IMAGES = {
     "Dockerfile": {"absent": ["torch", "vllm", "ray"], "present": ["kopf", "kubernetes", "rljob_operator"]},
     "executor_image/Dockerfile": {"absent": ["vllm", "kopf"], "present": ["ray", "rollout_executor", "rljob_client"]},
+    "images/trainer.Dockerfile": {"absent": ["vllm", "kopf", "kubernetes"], "present": ["torch", "transformers", "ray", "rljob_client"]},
+    "images/engine.Dockerfile": {"absent": ["kopf", "kubernetes"], "present": ["vllm", "torch", "rljob_client"]},
 }
+#: torch and vLLM with their CUDA runtime: several GiB to download and unpack per run
+HEAVY = {"images/trainer.Dockerfile", "images/engine.Dockerfile"}
 
 
 def _joined_lines(text: str) -> list[str]:
@@ -41,7 +45,7 @@ def _entrypoint(text: str) -> list[str]:
     return json.loads(found[-1].split(None, 1)[1])
 
 
-@pytest.mark.parametrize("dockerfile", list(IMAGES))
+@pytest.mark.parametrize("dockerfile", [pytest.param(d, marks=[pytest.mark.slow] if d in HEAVY else []) for d in IMAGES])
 def test_dockerfile_steps_install_into_a_venv(dockerfile: str, tmp_path: Path) -> None:
     text = (ROOT / dockerfile).read_text()
     venv = tmp_path / "venv"

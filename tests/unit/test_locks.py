@@ -89,6 +89,8 @@ def test_images_share_every_version_with_the_tested_venv() -> None:
         ("scripts/install-env", "requirements/dev.lock"),
         ("Dockerfile", "requirements/operator.lock"),
         ("executor_image/Dockerfile", "requirements/executor.lock"),
+        ("images/trainer.Dockerfile", "requirements/trainer.lock"),
+        ("images/engine.Dockerfile", "requirements/engine.lock"),
     ],
 )
 def test_installers_install_from_their_lock_with_hashes(installer: str, lock: str) -> None:
