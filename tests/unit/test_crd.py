@@ -257,6 +257,7 @@ def test_every_spec_field_survives_pruning(schema: dict[str, Any]) -> None:
     raw = sample(RLJobSpec)
     raw["rollout"]["reward"]["function"] = "module:function"
     del raw["trainer"]["command"]  # exclusive with workloadRef
+    raw["trainer"]["workloadRef"].update(apiVersion="batch/v1", kind="Job")  # a kind the operator follows
     raw["trainer"]["reference"]["offPolicy"]["tisCap"] = 2.0  # the sample's 0.5 is below the cap's minimum of 1
     wire = RLJobSpec.model_validate(raw).to_wire()
     assert pruned_paths(wire, schema["properties"]["spec"], "spec") == []

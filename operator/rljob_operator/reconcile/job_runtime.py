@@ -30,6 +30,7 @@ from controller_runtime.events import Reason
 from controller_runtime.ports import EngineClientFactory, Platform
 from rljob_operator.api_pool import in_pass
 from rljob_operator.child_versions import ChildVersions
+from rljob_operator.conditions import Want
 from rljob_operator.event_recorder import EventRecorder, EventSink
 from rljob_operator.metrics import Metrics
 from rljob_operator.pod_cache import object_version
@@ -62,6 +63,7 @@ class Seen:
     trainer_reason: str = ""
     trainer_restarts: int = 0
     engine_pods_left: int = 0
+    trainer_workload: Want | None = None
 
 
 def pod_wakes_job(pod: Mapping[str, Any], job_waits_on_pods: bool) -> bool:
@@ -298,6 +300,7 @@ class JobRuntime:
             trainer_restarts=self.seen.trainer_restarts,
             engine_pods_left=self.seen.engine_pods_left,
             queue=self.queue.state,
+            trainer_workload=self.seen.trainer_workload,
         )
 
     async def publish(self, why: str, may_hold: bool = False) -> None:
@@ -332,6 +335,7 @@ class JobRuntime:
                 trainer_message=seen.trainer_message,
                 trainer_reason=seen.trainer_reason,
                 trainer_restarts=seen.trainer_restarts,
+                trainer_workload=seen.trainer_workload,
             )
             return seen.result
 
@@ -344,11 +348,13 @@ class JobRuntime:
         return [("finish", finish), ("children", ensure_children), ("suspend", suspend), ("engines", engines)]
 
     def stopped(self) -> bool:
-        """No pod of ours holds resources: no controller, no engine pod, trainer not running."""
+        """No pod of ours holds resources: no controller, no engine pod, our trainer not running
+        (a workloadRef trainer is not ours: Kueue admits it apart)."""
+        ours = self.seen.trainer_workload is None
         return (
             self.fleet.controller is None
             and self.seen.engine_pods_left == 0
-            and self.seen.trainer is not TrainerState.running
+            and not (ours and self.seen.trainer is TrainerState.running)
         )
 
     async def ask_kueue(self) -> None:
