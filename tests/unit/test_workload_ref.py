@@ -1,6 +1,6 @@
 """A trainer the user runs (`spec.trainer.workloadRef`): the kind table, the outcome read from each
 kind's conditions, and the RLJob's phase and TrainerWorkload condition that follow. Logic only:
-tests/integration/test_workload_ref.py reads real workloads from a real API server."""
+tests/integration/test_operator_workload_ref.py reads real workloads from a real API server."""
 
 from __future__ import annotations
 
