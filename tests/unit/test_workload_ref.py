@@ -4,10 +4,13 @@ tests/integration/test_operator_workload_ref.py reads real workloads from a real
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import pytest
 from pydantic import ValidationError
 from rljob_operator.conditions import find
 from rljob_operator.kubeapi import names_object, resource_path
+from rljob_operator.metrics import Metrics
 from rljob_operator.reconcile.job_runtime import JobRuntime, Seen
 from rljob_operator.reconcile.job_status import Observed, TrainerState, build_status
 from rljob_operator.reconcile.workload_ref import (
@@ -17,6 +20,8 @@ from rljob_operator.reconcile.workload_ref import (
     missing,
     workload_outcome,
 )
+from rljob_operator.registry import JobRegistry
+from rljob_operator.workload_cache import WorkloadCache
 
 from controller_runtime.api.spec import WorkloadRef
 from controller_runtime.api.workloads import (
@@ -26,8 +31,8 @@ from controller_runtime.api.workloads import (
     workload_kind,
 )
 from controller_runtime.clock import FakeClock
-from controller_runtime.fakes import FakePlatform
-from tests.unit.test_job_runtime import rljob, runtime, settle
+from controller_runtime.fakes import FakeEngines, FakePlatform
+from tests.unit.test_job_runtime import FakeKube, rljob, runtime, settle
 
 T0 = 1_800_000_000.0
 
@@ -158,3 +163,83 @@ def test_a_running_referenced_workload_does_not_keep_kueues_admission_held():
     assert rt.stopped()
     rt.seen = Seen(trainer=TrainerState.running)  # the operator's own trainer Job
     assert not rt.stopped()
+
+
+JOB_KEY = "batch/v1 Job"
+
+
+def job_obj(name: str, *conditions: dict, namespace: str = "ns") -> dict:
+    return {"metadata": {"name": name, "namespace": namespace, "resourceVersion": "1", "managedFields": [{"x": 1}]},
+            "spec": {"template": {}}, "status": {"conditions": list(conditions)}}  # fmt: skip
+
+
+def test_the_cache_is_trusted_only_where_its_watch_listed_and_wakes_the_followers_of_a_change():
+    cache = WorkloadCache()
+    assert cache.lookup(JOB_KEY, "ns", "mine") == (False, None)  # not listed: the pass reads with a GET
+    assert cache.resync(JOB_KEY, "ns", []) == set()
+    assert cache.lookup(JOB_KEY, "ns", "mine") == (True, None)  # listed, absent: missing, no GET
+    cache.follow(("ns", "rl"), (JOB_KEY, "ns", "mine"))
+    assert cache.record(JOB_KEY, "ADDED", job_obj("other")) == set()
+    assert cache.record(JOB_KEY, "MODIFIED", job_obj("mine", {"type": "Complete", "status": "True"})) == {("ns", "rl")}
+    known, obj = cache.lookup(JOB_KEY, "ns", "mine")
+    assert known and obj == {"status": {"conditions": [{"type": "Complete", "status": "True"}]}}  # trimmed
+    assert cache.lookup(JOB_KEY, "other-ns", "mine") == (False, None)
+    assert cache.resync(JOB_KEY, "ns", [job_obj("other")]) == {("ns", "rl")}  # went in a watch gap
+    assert cache.lookup(JOB_KEY, "ns", "mine") == (True, None)
+    cache.distrust(JOB_KEY, "ns")
+    assert cache.lookup(JOB_KEY, "ns", "mine") == (False, None)
+    cache.forget(("ns", "rl"))
+    assert cache.record(JOB_KEY, "ADDED", job_obj("mine")) == set()
+
+
+def test_a_job_follows_only_its_current_reference():
+    cache = WorkloadCache()
+    cache.follow(("ns", "rl"), (JOB_KEY, "ns", "a"))
+    cache.follow(("ns", "rl"), (JOB_KEY, "ns", "b"))  # a spec edit
+    assert cache.record(JOB_KEY, "ADDED", job_obj("a")) == set()
+    assert cache.record(JOB_KEY, "ADDED", job_obj("b")) == {("ns", "rl")}
+
+
+async def test_a_watched_kind_is_read_from_the_cache_not_with_a_get_per_pass():
+    cache = WorkloadCache()
+    clock, platform, body = FakeClock(), FakePlatform(), rljob()
+    kube = FakeKube(body)
+    kube.platform = platform
+    rt = JobRuntime(body=body, kube=kube, platform=platform, registry=JobRegistry(), metrics=Metrics(),
+                    controller_url="http://op:8080", resync_seconds=5, clock=clock, engines=FakeEngines(),
+                    workloads=cache)  # fmt: skip
+    kube.workloads = None  # a GET would say the kind is not served
+    cache.record(JOB_KEY, None, job_obj("mine"))  # a cluster-wide watch listed it, running
+    cache.resync(JOB_KEY, None, [job_obj("mine")])
+    await settle(rt)
+    assert _workload_condition(rt)["reason"] == "Running"
+    assert cache.record(JOB_KEY, "MODIFIED", job_obj("mine", {"type": "Failed", "status": "True", "reason": "DeadlineExceeded"})) == {("ns", "job")}
+    await settle(rt)
+    assert rt.stored_status["phase"] == "Failed"
+    assert (find(rt.stored_status["conditions"], "Failed") or {})["message"] == "batch/v1 Job mine failed: DeadlineExceeded"
+
+
+def test_only_served_kinds_are_watched_and_each_event_wakes_the_jobs_that_follow_it():
+    from rljob_operator.handlers import OperatorContext
+    from rljob_operator.settings import load_settings
+    from rljob_operator.workload_watch import served, workload_watches
+
+    row = TRAINER_WORKLOADS[1]
+    assert served({"resources": [{"name": "jobsets"}, {"name": "jobsets/status"}]}, row)
+    assert not served(None, row) and not served({"resources": [{"name": "jobs"}]}, row)
+    s = load_settings(["--namespace", "rl", "--kubeconfig", "/dev/null"])
+    ctx = OperatorContext(settings=s, kube=cast(Any, None), registry=JobRegistry(), metrics=Metrics(),
+                          is_leader=lambda: True, make_platform=cast(Any, None), controller_url="",
+                          workloads=WorkloadCache())  # fmt: skip
+    woken: list[str] = []
+    ctx.runtimes[("rl", "a")] = cast(Any, type("Rt", (), {"poke": lambda self: woken.append("a")})())
+    (watch,) = workload_watches(s, cast(Any, type("Kube", (), {})()), ctx, "rl", [row])
+    assert (watch.path, watch.selector) == ("/apis/jobset.x-k8s.io/v1alpha2/namespaces/rl/jobsets", "")
+    assert ctx.workloads is not None
+    ctx.workloads.follow(("rl", "a"), (row.key, "rl", "js"))
+    watch.on_listed("rl", [], 1)
+    watch.on_event("MODIFIED", job_obj("js", namespace="rl"))
+    assert woken == ["a"]
+    watch.version = "7"
+    watch._count_restart("error")  # a failed watch: not trusted, and it lists again
+    assert ctx.workloads.lookup(row.key, "rl", "js") == (False, None) and watch.version is None

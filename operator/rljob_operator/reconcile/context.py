@@ -15,6 +15,7 @@ from controller_runtime.clock import Clock
 from rljob_operator.child_versions import ChildVersions
 from rljob_operator.event_recorder import EventRecorder, EventSink
 from rljob_operator.kinds import API_VERSION, KIND
+from rljob_operator.workload_cache import WorkloadCache
 
 # How often a job's children are checked against what was applied (`--children-resync`).
 CHILDREN_RESYNC_SECONDS = 30.0
@@ -67,6 +68,7 @@ class JobContext:
     resync_seconds: float
     children: ChildVersions | None = None  # the children's versions as watched; None: the resync reads each
     children_resync_seconds: float = CHILDREN_RESYNC_SECONDS
+    workloads: WorkloadCache | None = None  # referenced trainer workloads as watched; None: each pass reads
 
     @property
     def key(self) -> str:

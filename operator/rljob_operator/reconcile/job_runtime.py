@@ -42,6 +42,7 @@ from rljob_operator.reconcile.flow import Step, StepResult, run_steps
 from rljob_operator.reconcile.job_status import Observed, TrainerState
 from rljob_operator.reconcile.status_writer import StatusWriter
 from rljob_operator.registry import JobRegistry
+from rljob_operator.workload_cache import WorkloadCache
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +115,7 @@ class JobRuntime:
         events: EventSink | None = None,
         child_versions: ChildVersions | None = None,
         children_resync_seconds: float = CHILDREN_RESYNC_SECONDS,
+        workloads: WorkloadCache | None = None,
     ) -> None:
         meta = body.get("metadata") or {}
         self.watched = body  # kopf's live view: spec/metadata change under us as the watch sees them
@@ -129,7 +131,7 @@ class JobRuntime:
         uid = meta.get("uid", "")
         recorder = EventRecorder(events or kube, involved_object(self.namespace, self.name, uid), clock)
         self.job = JobContext(self.namespace, self.name, uid, kube, recorder, clock, resync_seconds,
-                              child_versions, children_resync_seconds)  # fmt: skip
+                              child_versions, children_resync_seconds, workloads)  # fmt: skip
         self.fleet = EngineFleet(
             job=self.job, platform=platform, registry=registry, metrics=metrics, handle=self, wake=self.poke,
             engines=engines, generation=self.generation, session=session,

@@ -1,7 +1,8 @@
 """The trainer a user runs (`spec.trainer.workloadRef`): its outcome, read every pass.
 
-The referenced workload is read the way the operator's own trainer Job is (`children`): one GET
-per pass, its status conditions mapped through the kind's row of `TRAINER_WORKLOADS` (which
+The referenced workload is read every pass, as the operator's own trainer Job is (`children`):
+from the watch's cache where its kind is watched (`workload_cache`), else with a GET; its
+status conditions mapped through the kind's row of `TRAINER_WORKLOADS` (which
 condition type means finished, failed, suspended), never a branch per kind. Its outcome ends the
 RLJob like the operator's trainer Job's does: Succeeded when it succeeds, Failed with its
 condition's reason and message when it fails; the engines are then deleted and their GPUs freed.
@@ -92,6 +93,12 @@ async def observe_workload_ref(job: JobContext, ref: WorkloadRef) -> WorkloadSee
     row = workload_kind(ref.api_version, ref.kind)
     if row is None:  # the spec's validator refuses such a ref: a spec that has one is never acted on
         raise ValueError(UNSUPPORTED_WORKLOAD_MSG)
+    cache = job.workloads
+    if cache is not None:
+        cache.follow((job.namespace, job.name), (row.key, job.namespace, ref.name))
+        known, obj = cache.lookup(row.key, job.namespace, ref.name)
+        if known:
+            return missing(ref) if obj is None else workload_outcome(row, ref, obj)
     try:
         obj = await job.kube.get_workload(row.api_version, row.kind, job.namespace, ref.name)
     except NotFound:
