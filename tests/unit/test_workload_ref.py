@@ -9,7 +9,8 @@ from typing import Any, cast
 import pytest
 from pydantic import ValidationError
 from rljob_operator.conditions import find
-from rljob_operator.kubeapi import names_object, resource_path
+from rljob_operator.kubeapi import KubeApi, NotFound, names_object, resource_path
+from rljob_operator.kubeconn import Response
 from rljob_operator.metrics import Metrics
 from rljob_operator.reconcile.job_runtime import JobRuntime, Seen
 from rljob_operator.reconcile.job_status import Observed, TrainerState, build_status
@@ -243,3 +244,32 @@ def test_only_served_kinds_are_watched_and_each_event_wakes_the_jobs_that_follow
     watch.version = "7"
     watch._count_restart("error")  # a failed watch: not trusted, and it lists again
     assert ctx.workloads.lookup(row.key, "rl", "js") == (False, None) and watch.version is None
+
+
+class Answers:
+    """Stands in for `kubeconn.ApiConnection`: answers each GET with a fixed 404 body."""
+
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+
+    def request(self, method: str, path: str, query: Any = (), body: Any = None,
+                headers: Any = None, timeout: Any = None) -> Response:  # fmt: skip
+        return Response(404, "Not Found", self.body)
+
+    def close(self) -> None:
+        pass
+
+
+async def test_a_missing_workload_reads_as_none_and_a_kind_not_served_raises():
+    missing_object = b'{"kind":"Status","reason":"NotFound","details":{"name":"mine","group":"batch","kind":"jobs"},"code":404}'
+    kube = KubeApi(cast(Any, Answers(missing_object)))
+    try:
+        assert await kube.get_workload("batch/v1", "Job", "ns", "mine") is None
+    finally:
+        kube.close()
+    kube = KubeApi(cast(Any, Answers(b"404 page not found")))
+    try:
+        with pytest.raises(NotFound):
+            await kube.get_workload("jobset.x-k8s.io/v1alpha2", "JobSet", "ns", "mine")
+    finally:
+        kube.close()
