@@ -34,6 +34,12 @@ from controller_runtime.api.podtemplate import (
     env_rule,
     template_conflict,
 )
+from controller_runtime.api.workloads import (
+    SUPPORTED_TEXT,
+    UNSUPPORTED_WORKLOAD_MSG,
+    WORKLOAD_REF_RULE,
+    workload_kind,
+)
 
 CEL = "x-kubernetes-validations"
 
@@ -718,11 +724,28 @@ class ReferenceTrainerSpec(ApiModel):
 
 
 class WorkloadRef(ApiModel):
-    """A Kubernetes object that runs the trainer (e.g. a PyTorchJob or JobSet)."""
+    """A Kubernetes object that runs the trainer; the job ends when it does (`workloads.TRAINER_WORKLOADS`)."""
 
-    api_version: str = Field(min_length=1, max_length=MAX_NAME, description="apiVersion of the workload, e.g. kubeflow.org/v1.")
-    kind: str = Field(min_length=1, max_length=63, description="Kind of the workload, e.g. PyTorchJob.")
-    name: str = Field(min_length=1, max_length=MAX_NAME, description="Name of the workload in the RLJob's namespace.")
+    model_config = ApiModel.model_config | {"json_schema_extra": cel((WORKLOAD_REF_RULE, UNSUPPORTED_WORKLOAD_MSG))}
+
+    api_version: str = Field(
+        min_length=1, max_length=MAX_NAME,
+        description=f"apiVersion of the workload; with kind, one of: {SUPPORTED_TEXT}.",
+    )
+    kind: str = Field(min_length=1, max_length=63, description="Kind of the workload, e.g. JobSet or TrainJob.")
+    name: str = Field(
+        min_length=1, max_length=MAX_NAME,
+        description=(
+            "Name of the workload in the RLJob's namespace. The job succeeds or fails when it does; until it "
+            "exists, condition TrainerWorkload is False (TrainerWorkloadMissing)."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _followable(self) -> WorkloadRef:
+        if workload_kind(self.api_version, self.kind) is None:
+            raise ValueError(UNSUPPORTED_WORKLOAD_MSG)
+        return self
 
 
 TRAINER_EXCLUSIVE_MSG = (

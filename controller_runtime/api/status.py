@@ -40,12 +40,13 @@ class ConditionType(StrEnum):
     Suspended = "Suspended"
     Failed = "Failed"
     Admitted = "Admitted"  # only on jobs queued through Kueue (label kueue.x-k8s.io/queue-name)
+    TrainerWorkload = "TrainerWorkload"  # only on jobs whose trainer is spec.trainer.workloadRef
 
 
 class Condition(ApiModel):
     """A Kubernetes-style condition (same fields as metav1.Condition)."""
 
-    type: str = Field(description="Ready, EnginesHealthy, Progressing, Suspended or Failed.")
+    type: str = Field(description="Ready, EnginesHealthy, Progressing, Suspended, Failed; Admitted (Kueue) and TrainerWorkload (workloadRef) where they apply.")
     status: str = Field(pattern="^(True|False|Unknown)$", description="True, False or Unknown.")
     reason: str = Field(default="", description="CamelCase reason of the last transition.")
     message: str = Field(default="", description="What happened, for a person.")

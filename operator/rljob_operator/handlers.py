@@ -14,7 +14,7 @@ not leader election. As a second guard every pass checks leadership before actin
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -37,6 +37,7 @@ from rljob_operator.pod_cache import EnginePodCache
 from rljob_operator.reconcile.job_runtime import JobRuntime
 from rljob_operator.registry import JobRegistry
 from rljob_operator.settings import OperatorSettings
+from rljob_operator.workload_cache import WorkloadCache
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,7 @@ class OperatorContext:
     controller_url: str
     pods: EnginePodCache = field(default_factory=EnginePodCache)  # what the engine-pod watch saw, for every job
     children: ChildVersions | None = None  # the children's versions as watched (main); None: always read
+    workloads: WorkloadCache | None = None  # referenced trainer workloads as watched (main); None: always read
     runtimes: dict[tuple[str, str], JobRuntime] = field(default_factory=dict)
     delivered: dict[tuple[str, str], Delivered] = field(default_factory=dict)  # the relist reads it
     engine_http: aiohttp.ClientSession | None = None  # every job's engine probes and calls (main)
@@ -179,6 +181,7 @@ async def run_rljob(body: kopf.Body, stopped: kopf.DaemonStopped, memo: Any, **_
         child_versions=ctx.children,
         children_resync_seconds=ctx.settings.children_resync_seconds,
         peers=policy_peers(ctx.settings),
+        workloads=ctx.workloads,
     )
     ctx.runtimes[key] = rt
     try:
@@ -186,6 +189,8 @@ async def run_rljob(body: kopf.Body, stopped: kopf.DaemonStopped, memo: Any, **_
     finally:
         if ctx.runtimes.get(key) is rt:
             del ctx.runtimes[key]
+            if ctx.workloads is not None:
+                ctx.workloads.forget(key)
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL, id="wake")
@@ -200,6 +205,27 @@ async def wake_rljob(
     rt = memo.runtimes.get((namespace, name))
     if rt is not None:
         rt.poke_for(body)
+
+
+def wake_jobs(ctx: OperatorContext, jobs: Iterable[tuple[str, str]]) -> None:
+    """Wake the loops of these RLJobs (namespace, name) that run here."""
+    for key in jobs:
+        rt = ctx.runtimes.get(key)
+        if rt is not None:
+            rt.poke()
+
+
+def workload_event(ctx: OperatorContext, kind: str, type: str | None, body: dict[str, Any]) -> None:
+    """A referenced kind's object changed (`main.workload_watches`): cached, and the jobs whose
+    workloadRef names it wake (their trainer may have finished)."""
+    if ctx.workloads is not None:
+        wake_jobs(ctx, ctx.workloads.record(kind, type, body))
+
+
+def workloads_listed(ctx: OperatorContext, kind: str, namespace: str | None, objs: list[dict[str, Any]], _v: int | None) -> None:
+    """A complete LIST of a referenced kind: the cache is trusted there; jobs whose workload went wake."""
+    if ctx.workloads is not None:
+        wake_jobs(ctx, ctx.workloads.resync(kind, namespace, objs))
 
 
 def engine_pod_event(ctx: OperatorContext, type: str | None, body: dict[str, Any]) -> None:

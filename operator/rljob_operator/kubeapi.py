@@ -86,6 +86,16 @@ def _status_message(body: str) -> str:
         return body[:500]
 
 
+def names_object(body: str, name: str) -> bool:
+    """Whether a 404's Status names the object `name` (it does not exist) rather than saying the
+    resource itself is not served ("the server could not find the requested resource")."""
+    try:
+        details = json.loads(body).get("details") or {}
+    except (ValueError, AttributeError):
+        return False
+    return isinstance(details, dict) and details.get("name") == name
+
+
 def load_api_client(kubeconfig: str | None = None, connections: int | None = None) -> ApiConnection:
     """The operator's connection (`kubeconn.connect`): an explicit kubeconfig, else in-cluster.
 
@@ -300,6 +310,18 @@ class KubeApi:
 
     async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         return await self.call("GET", resource_path("batch/v1", "Job", namespace, name), ok=(404,))
+
+    async def get_workload(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """A workload of another controller (`spec.trainer.workloadRef`), or None when it does not exist.
+
+        Raises `NotFound` only when the API server does not serve the kind at all (its CRD is not
+        installed): a missing object and a missing kind need different fixes."""
+        try:
+            return await self.call("GET", resource_path(api_version, kind, namespace, name))
+        except NotFound as e:
+            if names_object(e.body, name):
+                return None
+            raise
 
     # ---------------------------------------------------------------- any object (Kueue's Workload, flavors)
     async def get_object(self, api_version: str, kind: str, namespace: str | None, name: str) -> dict[str, Any] | None:

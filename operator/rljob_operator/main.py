@@ -54,6 +54,8 @@ from rljob_operator.pod_cache import EnginePodCache
 from rljob_operator.registry import JobRegistry
 from rljob_operator.relist import Relister
 from rljob_operator.settings import OperatorSettings, load_settings
+from rljob_operator.workload_cache import WorkloadCache
+from rljob_operator.workload_watch import served_kinds, workload_watches
 
 log = logging.getLogger("rljob_operator")
 
@@ -238,6 +240,7 @@ async def run_operator(s: OperatorSettings) -> int:
                 controller_url=controller_url(s),
                 pods=pods,
                 children=children,
+                workloads=WorkloadCache(),
                 engine_http=engine_http,
                 events=events_kube,
             )
@@ -261,6 +264,9 @@ async def run_operator(s: OperatorSettings) -> int:
             pod_tasks = [asyncio.create_task(w.run(pod_stop), name="pod-watch") for w in pod_watches]
             pod_tasks += [asyncio.create_task(w.run(pod_stop), name="children-watch")
                           for ns in watched for w in children_watches(s, kube, children, ns)]  # fmt: skip
+            followed = await served_kinds(kube)  # referenced trainer workloads: the kinds served now
+            pod_tasks += [asyncio.create_task(w.run(pod_stop), name="workload-watch")
+                          for ns in watched for w in workload_watches(s, kube, ctx, ns, followed)]  # fmt: skip
             relister = Relister(kube, ctx.runtimes, watched,
                                 s.relist_seconds, acting=elector.is_leader, delivered=ctx.delivered)  # fmt: skip
             relist_stop = asyncio.Event()

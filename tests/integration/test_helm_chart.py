@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from controller_runtime.api.workloads import TRAINER_WORKLOADS
+
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "rljob-operator"
 GOLDEN = Path(__file__).parent / "golden" / "helm"
@@ -93,6 +95,17 @@ def test_rbac_is_least_privilege(helm: str) -> None:
     assert not any(v == "*" or r == "*" for r, v in verbs), "no wildcards"
     assert ("secrets", "get") not in verbs and ("secrets", "list") not in verbs
     assert ("rljobs/control", "update") in verbs, "the trainer-side ClusterRole for the controller API"
+
+
+@pytest.mark.parametrize("scope", [[], ["--set", "scope=namespace"]], ids=["cluster", "namespace"])
+def test_operator_reads_every_trainer_workload_kind(helm: str, scope: list[str]) -> None:
+    """A workloadRef trainer of any kind the CRD admits can be read for its outcome (get, list, watch)."""
+    docs = _docs(helm, *scope)
+    granted = {(g, r, v) for d in docs if d["kind"] in ("Role", "ClusterRole") and d["metadata"]["name"] == "rljob-rljob-operator"
+               for rule in d["rules"] for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}  # fmt: skip
+    for row in TRAINER_WORKLOADS:
+        for verb in ("get", "list", "watch"):
+            assert (row.group, row.plural, verb) in granted, f"{verb} {row.plural}.{row.group}"
 
 
 @pytest.mark.parametrize(

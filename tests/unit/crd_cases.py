@@ -21,6 +21,7 @@ from pydantic import BaseModel
 
 from controller_runtime.api import podtemplate as P
 from controller_runtime.api import spec as S
+from controller_runtime.api.workloads import UNSUPPORTED_WORKLOAD_MSG
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO_ROOT / "examples").glob("*.yaml"))
@@ -101,6 +102,18 @@ INVALID = [
         {"spec.trainer.colocate": True, "spec.inference.offload": {"enabled": True}},
         "spec.trainer.colocate",
         S.COLOCATE_REFUSED_MSG,
+    ),
+    Case(
+        "trainer-workload-kind-not-followable",
+        {"spec.trainer.workloadRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "t"}},
+        "spec.trainer.workloadRef",
+        UNSUPPORTED_WORKLOAD_MSG,
+    ),
+    Case(
+        "trainer-workload-kind-of-another-version",
+        {"spec.trainer.workloadRef": {"apiVersion": "jobset.x-k8s.io/v1", "kind": "JobSet", "name": "t"}},
+        "spec.trainer.workloadRef",
+        UNSUPPORTED_WORKLOAD_MSG,
     ),
     Case(
         "grpo-group-of-one",

@@ -267,6 +267,7 @@ def test_every_spec_field_survives_pruning(schema: dict[str, Any]) -> None:
     raw["inference"]["engine"] = "sglang"  # a name of the engine table (the field is a str checked against it)
     del raw["trainer"]["command"]  # exclusive with workloadRef
     raw["trainer"]["colocate"] = False  # refused when true
+    raw["trainer"]["workloadRef"].update(apiVersion="batch/v1", kind="Job")  # a kind the operator follows
     raw["trainer"]["reference"]["offPolicy"]["tisCap"] = 2.0  # the sample's 0.5 is below the cap's minimum of 1
     for role in ("inference", "trainer"):  # Kubernetes types: a value of the real shape, not the sampler's
         raw[role]["env"] = [{"name": "x", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]

@@ -10,6 +10,7 @@ from typing import Any
 from rljob_operator.child_versions import MAX_AGE_SECONDS, WATCHED_KINDS, ChildVersions
 from rljob_operator.conditions import find
 from rljob_operator.job_gauges import job_samples
+from rljob_operator.kubeapi import NotFound
 from rljob_operator.manifests import PolicyPeers
 from rljob_operator.metrics import Metrics
 from rljob_operator.reconcile.job_runtime import JobRuntime
@@ -38,6 +39,8 @@ class FakeKube:
         self.rljob_gets = 0
         self.work_waiting = False  # what KubeApi.has_work_waiting answers
         self.version = 0  # the last resourceVersion an apply stored
+        # the user's trainer workloads (workloadRef) by name; None: the API server does not serve the kind
+        self.workloads: dict[str, dict[str, Any]] | None = {"mine": {"status": {}}}
 
     async def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
         self.applied.append(obj)
@@ -82,6 +85,11 @@ class FakeKube:
 
     async def get_job(self, ns: str, name: str) -> dict[str, Any] | None:
         return None
+
+    async def get_workload(self, api_version: str, kind: str, ns: str, name: str) -> dict[str, Any] | None:
+        if self.workloads is None:
+            raise NotFound(f"GET {kind}", 404, "NotFound", '{"details": {}}')
+        return copy.deepcopy(self.workloads.get(name))
 
     async def get_rljob(self, ns: str, name: str) -> dict[str, Any] | None:
         self.rljob_gets += 1

@@ -74,6 +74,17 @@ by the operator; kopf lists, watches and patches RLJobs and posts core/v1 Events
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["create"]
+# Trainers the user runs (spec.trainer.workloadRef): read for their outcome, never written
+# (batch/v1 Jobs are covered above). One entry per row of controller_runtime/api/workloads.py.
+- apiGroups: ["jobset.x-k8s.io"]
+  resources: ["jobsets"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: ["trainer.kubeflow.org"]
+  resources: ["trainjobs"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: ["kubeflow.org"]
+  resources: ["pytorchjobs"]
+  verbs: ["get", "list", "watch"]
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads"]
   verbs: ["get", "create", "delete"]

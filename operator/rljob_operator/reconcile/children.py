@@ -12,7 +12,8 @@ seen holding what is applied (`child_versions`: 100 reads/s at rest for 1,000 jo
 waits while the operator's API pool has other work queued, up to `CHILDREN_RESYNC_OVERDUE_SECONDS`:
 queued, its reads rank behind all work (`api_pool`), and during a 1,000-job ramp they waited
 72 s on average, the job's loop blocked in them all that time (no edit or dead engine acted on).
-The trainer Job's outcome is read on every pass: it decides Succeeded/Failed.
+The trainer Job's outcome is read on every pass: it decides Succeeded/Failed; so does a
+workload the user runs (`spec.trainer.workloadRef`, `reconcile.workload_ref`).
 
 A Job's pod template is immutable, so a trainer change that reaches it (replicas changes
 WORLD_SIZE, a new image or command) cannot be patched: the API server answers 422. Then the
@@ -37,6 +38,7 @@ from typing import Any
 from controller_runtime.api.spec import Placement, RLJobSpec, Toleration
 from controller_runtime.clock import parse_iso
 from rljob_operator.child_versions import fingerprint
+from rljob_operator.conditions import Want
 from rljob_operator.kubeapi import Invalid, KubeApiError
 from rljob_operator.kueue import FlavorPlacement, placement_with
 from rljob_operator.manifests import (
@@ -63,6 +65,7 @@ from rljob_operator.reconcile.trainer_restart import (
     decide_trainer,
     job_attempt,
 )
+from rljob_operator.reconcile.workload_ref import observe_workload_ref
 
 CHILDREN_RESYNC_OVERDUE_SECONDS = 300.0  # a check this late is queued even behind work
 
@@ -86,6 +89,7 @@ class ChildrenSeen:
     trainer_message: str = ""
     trainer_reason: str = ""
     trainer_restarts: int = 0
+    trainer_workload: Want | None = None  # the TrainerWorkload condition of a workloadRef trainer
 
 
 def placed_on(pod_spec: dict[str, Any], flavors: Sequence[FlavorPlacement]) -> dict[str, Any]:
@@ -154,6 +158,8 @@ async def ensure_children(
     status.trainerRestarts as stored.
     """
     live = await observe_trainer(job, spec)
+    ref = spec.trainer.workload_ref
+    ref_seen = await observe_workload_ref(job, ref) if ref is not None else None
     state, message = trainer_state(live) if live is not None else (TrainerState.absent, "")
     now = job.clock.now()
     when = failed_at(live)
@@ -186,6 +192,9 @@ async def ensure_children(
         applied = Applied(generation, now, noted)
     elif applied.backoff_noted != noted:
         applied = replace(applied, backoff_noted=noted)
+    if ref_seen is not None:  # the user's workload: its outcome is the trainer's, never restarted by us
+        return ChildrenSeen(StepResult.proceed(), applied, ref_seen.state, ref_seen.message, ref_seen.reason, attempt,
+                            ref_seen.condition)  # fmt: skip
     return ChildrenSeen(
         StepResult.proceed(),
         applied,

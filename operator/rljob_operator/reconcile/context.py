@@ -16,6 +16,7 @@ from rljob_operator.child_versions import ChildVersions
 from rljob_operator.event_recorder import EventRecorder, EventSink
 from rljob_operator.kinds import API_VERSION, KIND
 from rljob_operator.manifests import PolicyPeers
+from rljob_operator.workload_cache import WorkloadCache
 
 # How often a job's children are checked against what was applied (`--children-resync`).
 CHILDREN_RESYNC_SECONDS = 30.0
@@ -44,6 +45,8 @@ class JobKube(EventSink, Protocol):
 
     async def patch_rljob_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]: ...
 
+    async def get_workload(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None: ...
+
     async def get_object(self, api_version: str, kind: str, namespace: str | None, name: str) -> dict[str, Any] | None: ...
 
     async def create_object(self, obj: Mapping[str, Any]) -> dict[str, Any] | None: ...
@@ -67,6 +70,7 @@ class JobContext:
     children: ChildVersions | None = None  # the children's versions as watched; None: the resync reads each
     children_resync_seconds: float = CHILDREN_RESYNC_SECONDS
     peers: PolicyPeers = field(default_factory=PolicyPeers)  # who the job's NetworkPolicies admit besides its pods
+    workloads: WorkloadCache | None = None  # referenced trainer workloads as watched; None: each pass reads
 
     @property
     def key(self) -> str:

@@ -30,6 +30,7 @@ from controller_runtime.events import Reason
 from controller_runtime.ports import EngineClientFactory, Platform
 from rljob_operator.api_pool import in_pass
 from rljob_operator.child_versions import ChildVersions
+from rljob_operator.conditions import Want
 from rljob_operator.event_recorder import EventRecorder, EventSink
 from rljob_operator.manifests import PolicyPeers
 from rljob_operator.metrics import Metrics
@@ -42,6 +43,7 @@ from rljob_operator.reconcile.flow import Step, StepResult, run_steps
 from rljob_operator.reconcile.job_status import Observed, TrainerState
 from rljob_operator.reconcile.status_writer import StatusWriter
 from rljob_operator.registry import JobRegistry
+from rljob_operator.workload_cache import WorkloadCache
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +65,7 @@ class Seen:
     trainer_reason: str = ""
     trainer_restarts: int = 0
     engine_pods_left: int = 0
+    trainer_workload: Want | None = None
 
 
 def pod_wakes_job(pod: Mapping[str, Any], job_waits_on_pods: bool) -> bool:
@@ -114,6 +117,7 @@ class JobRuntime:
         child_versions: ChildVersions | None = None,
         children_resync_seconds: float = CHILDREN_RESYNC_SECONDS,
         peers: PolicyPeers | None = None,
+        workloads: WorkloadCache | None = None,
     ) -> None:
         meta = body.get("metadata") or {}
         self.watched = body  # kopf's live view: spec/metadata change under us as the watch sees them
@@ -129,7 +133,7 @@ class JobRuntime:
         uid = meta.get("uid", "")
         recorder = EventRecorder(events or kube, involved_object(self.namespace, self.name, uid), clock)
         self.job = JobContext(self.namespace, self.name, uid, kube, recorder, clock, resync_seconds,
-                              child_versions, children_resync_seconds, peers or PolicyPeers())  # fmt: skip
+                              child_versions, children_resync_seconds, peers or PolicyPeers(), workloads)  # fmt: skip
         self.fleet = EngineFleet(
             job=self.job, platform=platform, registry=registry, metrics=metrics, handle=self, wake=self.poke,
             engines=engines, generation=self.generation, session=session,
@@ -300,6 +304,7 @@ class JobRuntime:
             trainer_restarts=self.seen.trainer_restarts,
             engine_pods_left=self.seen.engine_pods_left,
             queue=self.queue.state,
+            trainer_workload=self.seen.trainer_workload,
         )
 
     async def publish(self, why: str, may_hold: bool = False) -> None:
@@ -334,6 +339,7 @@ class JobRuntime:
                 trainer_message=seen.trainer_message,
                 trainer_reason=seen.trainer_reason,
                 trainer_restarts=seen.trainer_restarts,
+                trainer_workload=seen.trainer_workload,
             )
             return seen.result
 
@@ -346,11 +352,13 @@ class JobRuntime:
         return [("finish", finish), ("children", ensure_children), ("suspend", suspend), ("engines", engines)]
 
     def stopped(self) -> bool:
-        """No pod of ours holds resources: no controller, no engine pod, trainer not running."""
+        """No pod of ours holds resources: no controller, no engine pod, our trainer not running
+        (a workloadRef trainer is not ours: Kueue admits it apart)."""
+        ours = self.seen.trainer_workload is None
         return (
             self.fleet.controller is None
             and self.seen.engine_pods_left == 0
-            and self.seen.trainer is not TrainerState.running
+            and not (ours and self.seen.trainer is TrainerState.running)
         )
 
     async def ask_kueue(self) -> None:

@@ -8,7 +8,8 @@ suspend, the trainer Job's outcome) into the whole status we write. Phases:
     or while Kueue holds the job (not admitted yet, or evicted).
 
 Decisions:
-- Succeeded when the trainer Job completes. Failed when the trainer Job fails, or when every
+- Succeeded when the trainer Job (or the workload of spec.trainer.workloadRef) completes.
+  Failed when it fails, or when every
   engine cell has spent its restart budget (no engine can serve, so training cannot go on).
   A single exhausted cell degrades the job (EnginesHealthy=False, RestartBudgetExhausted)
   but does not fail it while other cells serve.
@@ -80,6 +81,7 @@ class Observed:
     trainer_restarts: int = 0  # times the trainer gang was recreated (reconcile/trainer_restart.py)
     engine_pods_left: int = 0  # engine pods still existing while suspending/finishing
     queue: QueueState | None = None  # Kueue's decision; None for a job without a queue-name label
+    trainer_workload: Want | None = None  # TrainerWorkload: a workloadRef trainer as last read; None without one
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -244,6 +246,8 @@ def _wants(
     if obs.queue is not None:
         q = obs.queue
         wants.append(Want(T.Admitted, q.admitted, q.reason or q.phase.value, q.message))
+    if obs.trainer_workload is not None:
+        wants.append(obs.trainer_workload)
     return wants
 
 
@@ -307,7 +311,8 @@ _STARTING = frozenset({CellState.Pending, CellState.Starting})
 _STARTED = frozenset({CellState.Starting, CellState.Serving})
 _NOT_PROGRESS = ("generation", "restarts", "podRestarts", "memory", "stateBeforeOffload", "nextRestartTime")
 # A condition's value that is news whenever it is reached: an Event, and never held.
-NEWS = {"EnginesHealthy": "False", "Failed": "True", "Suspended": "True", "Ready": "True", "Admitted": "True"}
+NEWS = {"EnginesHealthy": "False", "Failed": "True", "Suspended": "True", "Ready": "True", "Admitted": "True",
+        "TrainerWorkload": "False"}
 
 
 def is_news(c: Mapping[str, Any]) -> bool:

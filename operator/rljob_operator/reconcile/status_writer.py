@@ -36,8 +36,11 @@ from rljob_operator.reconcile.job_status import (
 log = logging.getLogger(__name__)
 
 
+WARNINGS = frozenset({("EnginesHealthy", "False"), ("Failed", "True"), ("TrainerWorkload", "False")})
+
+
 def is_warning(c: Mapping[str, Any]) -> bool:
-    return (c["type"] == "EnginesHealthy" and c["status"] == "False") or (c["type"] == "Failed" and c["status"] == "True")
+    return (c["type"], c["status"]) in WARNINGS
 
 
 class StatusWriter:
