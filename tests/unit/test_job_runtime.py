@@ -312,7 +312,7 @@ async def test_standby_runtime_takes_no_action():
 
 
 async def test_a_trainer_job_whose_pod_template_is_refused_is_deleted_and_recreated():
-    from rljob_operator.kubeapi import api_error
+    from rljob_operator.kube.kubeapi import api_error
 
     clock, platform = FakeClock(), FakePlatform()
     body = rljob()

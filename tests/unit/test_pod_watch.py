@@ -18,9 +18,9 @@ import kopf
 import pytest
 from aiohttp import web
 from rljob_operator import labels as L
-from rljob_operator.kubeapi import KubeApi, KubeApiError
-from rljob_operator.kubeconn import ApiConnection
-from rljob_operator.list_watch import Gone, ListWatch, decode, split_lines
+from rljob_operator.kube.connection import ApiConnection
+from rljob_operator.kube.kubeapi import KubeApi, KubeApiError
+from rljob_operator.kube.list_watch import Gone, ListWatch, decode, split_lines
 from rljob_operator.pod_cache import EnginePodCache
 
 SELECTOR = f"{L.ROLE}={L.ROLE_ENGINE}"

@@ -28,9 +28,9 @@ from controller_runtime.clock import Clock, RealClock
 from controller_runtime.controller import InferenceController
 from controller_runtime.events import Reason
 from controller_runtime.ports import EngineClientFactory, Platform
-from rljob_operator.api_pool import in_pass
 from rljob_operator.child_versions import ChildVersions
 from rljob_operator.event_recorder import EventRecorder, EventSink
+from rljob_operator.kube.api_pool import in_pass
 from rljob_operator.metrics import Metrics
 from rljob_operator.pod_cache import object_version
 from rljob_operator.reconcile import children, lifecycle, queueing
