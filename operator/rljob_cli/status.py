@@ -39,7 +39,7 @@ def render(name: str, namespace: str, obj: dict[str, Any]) -> str:
 async def read_rljob(name: str, namespace: str | None, kubeconfig: str | None) -> tuple[str, dict[str, Any] | None]:
     """The RLJob as stored (None: there is none) and the namespace it was read from (the
     kubeconfig context's, else `default`), through the project's Kubernetes access layer."""
-    kube = KubeApi(connect(kubeconfig, user_agent="rljob-cli"), threads=1)
+    kube = KubeApi(connect(kubeconfig, user_agent="rljob-cli", user_first=True), threads=1)
     try:
         ns = namespace or kube.api_client.default_namespace or "default"
         return ns, await kube.get_rljob(ns, name)

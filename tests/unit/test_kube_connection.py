@@ -90,6 +90,9 @@ def test_an_explicit_kubeconfig_wins_then_the_service_account_then_kubeconfig_en
     in_pod = connection_info(None, service_account=sa)
     assert (in_pod.token, in_pod.server, in_pod.default_namespace) == ("sa-token", "https://[fd00::1]:443", "rljob-system")
     assert connection_info(None, service_account=tmp_path / "absent").token == "env-token"
+    assert connection_info(None, service_account=sa, user_first=True).token == "env-token"  # kubectl's order
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
+    assert connection_info(None, service_account=sa, user_first=True).token == "sa-token"
 
 
 class Recorder(http.server.BaseHTTPRequestHandler):

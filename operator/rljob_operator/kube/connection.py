@@ -9,7 +9,8 @@ authenticate differently; requests go through urllib3, as the official client se
 Credentials are renewed as client-go renews them: a ServiceAccount token is read again once a
 minute (the kubelet rotates projected tokens); a kubeconfig login (an exec plugin's token, a
 cached auth-provider token) is made again once its expiration passes or the API server answers
-401, and the request is sent once more with the new credentials.
+401, and the request is sent once more with the new credentials. A plugin's client certificate
+is read at the first login only: the TLS context is made once per connection.
 """
 
 from __future__ import annotations
@@ -31,7 +32,12 @@ from urllib.parse import urlencode
 import kopf
 import urllib3
 
-from rljob_operator.kube.kubeconfig import SERVICE_ACCOUNT_DIR, LoginError, connection_info
+from rljob_operator.kube.kubeconfig import (
+    SERVICE_ACCOUNT_DIR,
+    LoginError,
+    connection_info,
+    uses_service_account,
+)
 
 TOKEN_REREAD_SECONDS = 60.0
 RELOGIN_MARGIN_SECONDS = 10.0  # log in again this long before a token expires
@@ -172,14 +178,19 @@ def _timestamp(expiration: datetime | None) -> float | None:
 
 
 def connect(
-    kubeconfig: str | None = None, connections: int = 1, user_agent: str = "rljob-operator"
+    kubeconfig: str | None = None,
+    connections: int = 1,
+    user_agent: str = "rljob-operator",
+    *,
+    user_first: bool = False,
 ) -> ApiConnection:
     """An `ApiConnection` with this process's credentials (`kubeconfig.connection_info`)."""
-    in_pod = not kubeconfig and (SERVICE_ACCOUNT_DIR / "token").exists()
+    in_pod = uses_service_account(kubeconfig, SERVICE_ACCOUNT_DIR, user_first)
+    login = functools.partial(connection_info, kubeconfig, user_first=user_first)
     return ApiConnection(
-        connection_info(kubeconfig),
+        login(),
         connections=connections,
         user_agent=user_agent,
         token_file=SERVICE_ACCOUNT_DIR / "token" if in_pod else None,
-        login=None if in_pod else functools.partial(connection_info, kubeconfig),
+        login=None if in_pod else login,
     )

@@ -1,6 +1,7 @@
 """Whose credentials every process of the project logs in with, in client-go's order.
 
-An explicit kubeconfig (`--kubeconfig`), else the pod's ServiceAccount, else every file of
+An explicit kubeconfig (`--kubeconfig`), else the pod's ServiceAccount (the operator; the `rljob`
+CLI asks for the user's files first, as kubectl does), else every file of
 `$KUBECONFIG` merged (client-go's rules: the first file that names a cluster, context or user
 wins, and the first `current-context` set), else `~/.kube/config`. Paths in a kubeconfig are
 relative to the file that holds them.
@@ -280,19 +281,28 @@ def kubeconfig_paths(kubeconfig: str | None = None) -> list[Path]:
     return env or [Path.home() / ".kube" / "config"]
 
 
+def uses_service_account(kubeconfig: str | None, service_account: Path, user_first: bool) -> bool:
+    """Whether `connection_info` takes the pod's ServiceAccount (module docstring for the order)."""
+    if kubeconfig or not (service_account / "token").exists():
+        return False
+    return not (user_first and any(p.exists() for p in kubeconfig_paths()))
+
+
 def connection_info(
-    kubeconfig: str | None = None, service_account: Path = SERVICE_ACCOUNT_DIR, context: str | None = None
+    kubeconfig: str | None = None, service_account: Path = SERVICE_ACCOUNT_DIR, *, user_first: bool = False
 ) -> kopf.ConnectionInfo:
-    """The process's credentials (module docstring for the order)."""
+    """The process's credentials (module docstring for the order). `user_first`: a user's
+    kubeconfig files go before the pod's ServiceAccount, as kubectl orders them (the CLI)."""
     if kubeconfig:
         path = Path(os.path.expanduser(kubeconfig))
         if not path.exists():
             raise LoginError(f"{path}: no such kubeconfig")
-        return Kubeconfig.load([path]).connection_info(context)
-    info = in_cluster_info(service_account)
-    if info is not None and context is None:
+        return Kubeconfig.load([path]).connection_info()
+    if uses_service_account(kubeconfig, service_account, user_first):
+        info = in_cluster_info(service_account)
+        assert info is not None
         return info
     paths = [p for p in kubeconfig_paths() if p.exists()]
     if paths:
-        return Kubeconfig.load(paths).connection_info(context)
+        return Kubeconfig.load(paths).connection_info()
     raise LoginError("no credentials: not in a pod, no --kubeconfig, no $KUBECONFIG, no ~/.kube/config")
