@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from rljob_operator.kubeapi import KubeApi, KubeApiError, api_error
+from rljob_operator.kube.kubeapi import KubeApi, KubeApiError, api_error
 from rljob_operator.metrics import Metrics
 from rljob_operator.platform import KubernetesPlatform
 from rljob_operator.pod_cache import EnginePodCache

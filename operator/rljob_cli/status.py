@@ -6,10 +6,15 @@ resource's status only (the operator writes everything the controller knows ther
 
 from __future__ import annotations
 
+import asyncio
 import sys
-from typing import Any, cast
+from typing import Any
 
-from controller_runtime.api import GROUP, PLURAL, VERSION, RLJobStatus
+from rljob_operator.kube.connection import connect
+from rljob_operator.kube.kubeapi import KubeApi, KubeApiError
+from rljob_operator.kube.kubeconfig import LoginError
+
+from controller_runtime.api import RLJobStatus
 
 
 def render(name: str, namespace: str, obj: dict[str, Any]) -> str:
@@ -31,21 +36,28 @@ def render(name: str, namespace: str, obj: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def status(name: str, namespace: str | None, kubeconfig: str | None) -> int:
-    from kubernetes import client, config
-    from kubernetes.client.exceptions import ApiException
-
+async def read_rljob(name: str, namespace: str | None, kubeconfig: str | None) -> tuple[str, dict[str, Any] | None]:
+    """The RLJob as stored (None: there is none) and the namespace it was read from (the
+    kubeconfig context's, else `default`), through the project's Kubernetes access layer."""
+    kube = KubeApi(connect(kubeconfig, user_agent="rljob-cli", user_first=True), threads=1)
     try:
-        config.load_kube_config(config_file=kubeconfig)
-        _, active = config.list_kube_config_contexts(config_file=kubeconfig)
-        ns = namespace or active.get("context", {}).get("namespace") or "default"
-    except Exception as exc:
+        ns = namespace or kube.api_client.default_namespace or "default"
+        return ns, await kube.get_rljob(ns, name)
+    finally:
+        kube.close()
+
+
+def status(name: str, namespace: str | None, kubeconfig: str | None) -> int:
+    try:
+        ns, obj = asyncio.run(read_rljob(name, namespace, kubeconfig))
+    except LoginError as exc:
         print(f"rljob status: no usable kubeconfig: {exc}", file=sys.stderr)
         return 2
-    try:
-        obj = client.CustomObjectsApi().get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
-    except ApiException as exc:
-        print(f"rljob status: {ns}/{name}: {exc.status} {exc.reason}", file=sys.stderr)
+    except KubeApiError as exc:
+        print(f"rljob status: {exc}", file=sys.stderr)
         return 1
-    print(render(name, ns, cast("dict[str, Any]", obj)))  # a custom object is a JSON object
+    if obj is None:
+        print(f"rljob status: {ns}/{name}: no such RLJob", file=sys.stderr)
+        return 1
+    print(render(name, ns, obj))
     return 0

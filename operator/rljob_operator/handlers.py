@@ -14,23 +14,21 @@ not leader election. As a second guard every pass checks leadership before actin
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 import aiohttp
 import kopf
-from kopf._cogs.clients import watching as kopf_watching
 
 from controller_runtime.ports import Platform
 from rljob_operator import labels as L
 from rljob_operator.child_versions import ChildVersions
 from rljob_operator.delivered import Delivered, record_delivered
 from rljob_operator.event_recorder import EventSink
-from rljob_operator.interned import interned
 from rljob_operator.kinds import GROUP, PLURAL, VERSION
-from rljob_operator.kubeapi import KubeApi
-from rljob_operator.kubeconn import connection_info
+from rljob_operator.kube.kubeapi import KubeApi
+from rljob_operator.kube.kubeconfig import connection_info
 from rljob_operator.manifests import PolicyPeers
 from rljob_operator.metrics import Metrics
 from rljob_operator.pod_cache import EnginePodCache
@@ -114,48 +112,10 @@ class LeanDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
         return super().build(body=kopf.Body(cast(kopf.RawBody, lean)), extra_fields=None)
 
 
-def without_managed_fields(raw_event: Any) -> Any:
-    """The watch event with its object's `metadata.managedFields` removed and its strings shared
-    with the other jobs' bodies (`interned`: kopf keeps this object for as long as the job's
-    daemon runs); bookmarks and errors pass as they are. The event dict is changed in place:
-    it is fresh from the stream's JSON, no one else holds it yet."""
-    obj = raw_event.get("object") if isinstance(raw_event, dict) else None
-    meta = obj.get("metadata") if isinstance(obj, dict) else None
-    if isinstance(meta, dict):
-        meta.pop("managedFields", None)
-        raw_event["object"] = interned(obj)
-    return raw_event
-
-
-def keep_managed_fields_out_of_kopf() -> None:
-    """Every RLJob body kopf hands over (and keeps) comes without `metadata.managedFields`.
-
-    kopf keeps the latest body of every RLJob for as long as its daemon runs (the daemon's live
-    `body`, which the job's runtime reads), and managedFields, the API server's record of which
-    writer owns which field, are 17 of its ~38 KB once a job has cells (one entry per field of
-    the status the operator writes, bench/RESULTS.md): at 1,000 jobs 17 MiB of the operator's
-    memory that nothing reads (neither kopf, whose writes are merge patches, nor the operator).
-    The API server has no option to leave them out of a LIST or a watch, and kopf no hook before
-    it stores a body, so its stream of watch events (`continuous_watch`, which yields the
-    listing's objects and the watch's alike, and which kopf's `infinite_watch` looks up by name
-    at every reconnect) is wrapped to drop them as each event arrives. kopf is pinned in the
-    lock; `tests/unit/test_operator_wiring.py` fails if a kopf release moves that seam."""
-    inner = kopf_watching.continuous_watch
-    if getattr(inner, "drops_managed_fields", False):
-        return
-
-    async def continuous_watch(**kwargs: Any) -> AsyncIterator[Any]:
-        async for raw_event in inner(**kwargs):
-            yield without_managed_fields(raw_event)
-
-    continuous_watch.drops_managed_fields = True  # type: ignore[attr-defined]
-    kopf_watching.continuous_watch = continuous_watch
-
-
 @kopf.on.login(id="credentials")
 def login(memo: Any = None, **_: Any) -> kopf.ConnectionInfo:
-    """kopf's watches log in with the credentials the operator's own calls use (`kubeconn`):
-    --kubeconfig, else the pod's ServiceAccount, else $KUBECONFIG or ~/.kube/config."""
+    """kopf's watches log in with the credentials the operator's own calls use (`kube.kubeconfig`);
+    kopf calls this again when they expire (an exec plugin's token) or the API server answers 401."""
     return connection_info(getattr(getattr(memo, "settings", None), "kubeconfig", None))
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from rljob_operator.kubeapi import Conflict, KubeApi
+from rljob_operator.kube.kubeapi import Conflict, KubeApi
 from rljob_operator.leader import LeaseConflict, LeaseRecord
 
 

@@ -35,18 +35,14 @@ from rljob_operator.audit_stream import configure_audit
 from rljob_operator.auth import Authorizer
 from rljob_operator.child_versions import MAX_AGE_SECONDS, WATCHED_KINDS, ChildVersions
 from rljob_operator.controller_api import ControlServer, ops_app
-from rljob_operator.handlers import (
-    OperatorContext,
-    engine_pod_event,
-    keep_managed_fields_out_of_kopf,
-    kopf_settings,
-)
-from rljob_operator.kubeapi import USER_AGENT, KubeApi
-from rljob_operator.kubeconn import ApiConnection, connect
+from rljob_operator.handlers import OperatorContext, engine_pod_event, kopf_settings
+from rljob_operator.kube.connection import ApiConnection, connect
+from rljob_operator.kube.kopf_watch import keep_managed_fields_out_of_kopf
+from rljob_operator.kube.kubeapi import USER_AGENT, KubeApi
+from rljob_operator.kube.list_watch import ListWatch
 from rljob_operator.leader import LeaderElector
 from rljob_operator.leader_thread import ElectorThread
 from rljob_operator.lease_store import KubeLeaseStore
-from rljob_operator.list_watch import ListWatch
 from rljob_operator.logging import configure_logging
 from rljob_operator.metrics import Metrics
 from rljob_operator.platform import POD_RELIST_SECONDS, KubernetesPlatform

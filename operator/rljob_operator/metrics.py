@@ -26,8 +26,8 @@ from prometheus_client.registry import Collector
 from controller_runtime.clock import Clock, RealClock
 from controller_runtime.events import ControllerEvent
 from controller_runtime.metric_specs import CELL, JOB, MetricSpec, build_metric
-from rljob_operator.api_pool import QUEUE_NAMES, Rank
 from rljob_operator.job_gauges import JobSnapshot, job_samples
+from rljob_operator.kube.api_pool import QUEUE_NAMES, Rank
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 

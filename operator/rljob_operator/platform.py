@@ -19,7 +19,8 @@ from typing import Any
 
 from controller_runtime.ports import CellObservation, CellRequest, PodObservation
 from rljob_operator import labels as L
-from rljob_operator.kubeapi import MERGE_PATCH, KubeApi, resource_path
+from rljob_operator.kube.kubeapi import MERGE_PATCH, KubeApi, resource_path
+from rljob_operator.kube.versions import list_version
 from rljob_operator.manifests.engine import engine_pods
 from rljob_operator.manifests.job import JobView
 from rljob_operator.names import engine_pod_name
@@ -34,15 +35,6 @@ POD_RELIST_SECONDS = 300.0
 
 class StaleRead(RuntimeError):
     """A LIST answered at an older resourceVersion than one this platform already saw."""
-
-
-def list_version(result: Mapping[str, Any] | None) -> int | None:
-    """A LIST's resourceVersion as a number (etcd's revision), None when it is not one."""
-    rv = ((result or {}).get("metadata") or {}).get("resourceVersion")
-    try:
-        return int(rv) if rv is not None else None
-    except (TypeError, ValueError):
-        return None
 
 
 def _ready(pod: Mapping[str, Any]) -> bool:

@@ -12,8 +12,8 @@ import logging
 
 from controller_runtime.api.workloads import TRAINER_WORKLOADS, WorkloadKind
 from rljob_operator.handlers import OperatorContext, workload_event, workloads_listed
-from rljob_operator.kubeapi import KubeApi, KubeApiError
-from rljob_operator.list_watch import ListWatch
+from rljob_operator.kube.kubeapi import KubeApi, KubeApiError
+from rljob_operator.kube.list_watch import ListWatch
 from rljob_operator.settings import OperatorSettings
 from rljob_operator.workload_cache import WorkloadCache
 

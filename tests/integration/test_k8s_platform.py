@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 import pytest
 from rljob_operator import labels as L
-from rljob_operator.kubeapi import KubeApi, KubeApiError, load_api_client
+from rljob_operator.kube.kubeapi import KubeApi, KubeApiError, load_api_client
 from rljob_operator.manifests import (
     cells_headless_service,
     engines_service,

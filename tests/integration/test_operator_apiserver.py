@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 from rljob_operator.auth import Authorizer
-from rljob_operator.kubeapi import KubeApi, load_api_client
+from rljob_operator.kube.kubeapi import KubeApi, load_api_client
 from rljob_operator.leader import LeaderElector
 from rljob_operator.lease_store import KubeLeaseStore
 

@@ -30,8 +30,8 @@ import yaml
 from rljob_operator import auth, kinds
 from rljob_operator.child_versions import WATCHED_KINDS
 from rljob_operator.kinds import PLURALS
-from rljob_operator.kubeapi import APPLY_PATCH, KubeApi
-from rljob_operator.kubeconn import Response
+from rljob_operator.kube.connection import Response
+from rljob_operator.kube.kubeapi import APPLY_PATCH, KubeApi
 from rljob_operator.manifests import engine_pods, ray_auth_secret
 from rljob_operator.platform import KubernetesPlatform
 from rljob_operator.reconcile.children import desired_children
@@ -67,7 +67,7 @@ VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"
 
 
 class RecordingClient:
-    """Stands in for `kubeconn.ApiConnection`: records each request, answers 200.
+    """Stands in for `kube.connection.ApiConnection`: records each request, answers 200.
 
     A pod listing answers one pod of the current and one of an older generation, so that the
     Platform's delete and label paths run too."""

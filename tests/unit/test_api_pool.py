@@ -13,7 +13,7 @@ import weakref
 from typing import Any
 
 import pytest
-from rljob_operator.api_pool import (
+from rljob_operator.kube.api_pool import (
     OUTSIDE_PASSES,
     PASS_RANK,
     RESYNC,
@@ -24,8 +24,8 @@ from rljob_operator.api_pool import (
     in_pass,
     rank,
 )
-from rljob_operator.kubeapi import KubeApi, NotFound
-from rljob_operator.kubeconn import Response
+from rljob_operator.kube.connection import Response
+from rljob_operator.kube.kubeapi import KubeApi, NotFound
 from rljob_operator.metrics import Metrics
 from rljob_operator.reconcile.job_runtime import JobRuntime
 from rljob_operator.registry import JobRegistry
@@ -36,7 +36,7 @@ from tests.unit.test_job_runtime import FakeKube, rljob, runtime, settle
 
 
 class GatedClient:
-    """Stands in for `kubeconn.ApiConnection`. Records the order in which
+    """Stands in for `kube.connection.ApiConnection`. Records the order in which
     requests reach the server; the request for `hold` blocks its thread until `release`."""
 
     def __init__(self, hold: str) -> None:

@@ -28,7 +28,7 @@ from rljob_client.controller_client import (
 from rljob_operator import controller_api
 from rljob_operator.auth import Authorizer
 from rljob_operator.controller_api import ControlServer
-from rljob_operator.kubeapi import KubeApiError
+from rljob_operator.kube.kubeapi import KubeApiError
 from rljob_operator.registry import JobRegistry
 
 from controller_runtime.api import wire_errors

@@ -10,7 +10,7 @@ from typing import Any
 from rljob_operator.child_versions import MAX_AGE_SECONDS, WATCHED_KINDS, ChildVersions
 from rljob_operator.conditions import find
 from rljob_operator.job_gauges import job_samples
-from rljob_operator.kubeapi import NotFound
+from rljob_operator.kube.kubeapi import NotFound
 from rljob_operator.manifests import PolicyPeers
 from rljob_operator.metrics import Metrics
 from rljob_operator.reconcile.job_runtime import JobRuntime
@@ -321,7 +321,7 @@ async def test_standby_runtime_takes_no_action():
 
 
 async def test_a_trainer_job_whose_pod_template_is_refused_is_deleted_and_recreated():
-    from rljob_operator.kubeapi import api_error
+    from rljob_operator.kube.kubeapi import api_error
 
     clock, platform = FakeClock(), FakePlatform()
     body = rljob()

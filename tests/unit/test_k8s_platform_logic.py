@@ -16,7 +16,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 from rljob_operator import labels as L
-from rljob_operator.kubeapi import KubeApi, KubeApiError, api_error, resource_path
+from rljob_operator.kube.kubeapi import KubeApi, KubeApiError, api_error, resource_path
 from rljob_operator.platform import KubernetesPlatform, pod_observation
 from rljob_operator.pod_cache import EnginePodCache
 
@@ -240,7 +240,7 @@ async def test_engine_pods_without_cell_labels_are_ignored() -> None:
 
 
 def test_api_errors_form_one_tree_keyed_by_status() -> None:
-    from rljob_operator.kubeapi import Conflict, Invalid, NotFound
+    from rljob_operator.kube.kubeapi import Conflict, Invalid, NotFound
 
     assert [type(api_error("GET x", s, "r")) for s in (404, 409, 422, 500, 0)] == [
         NotFound, Conflict, Invalid, KubeApiError, KubeApiError,

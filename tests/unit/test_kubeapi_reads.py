@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from rljob_operator.kubeapi import KubeApi
-from rljob_operator.kubeconn import Response
+from rljob_operator.kube.connection import Response
+from rljob_operator.kube.kubeapi import KubeApi
 
 
 class QueryRecorder:
-    """Stands in for `kubeconn.ApiConnection`; records each request's query."""
+    """Stands in for `kube.connection.ApiConnection`; records each request's query."""
 
     def __init__(self) -> None:
         self.requests: list[tuple[str, str, list[tuple[str, str]]]] = []

@@ -11,14 +11,14 @@ from typing import Any, cast
 import kopf
 import pytest
 import yaml
-from kopf._cogs.clients import watching as kopf_watching
-from kopf._cogs.structs.references import Resource
 from rljob_operator import handlers, main
 from rljob_operator import labels as L
 from rljob_operator.child_versions import WATCHED_KINDS, ChildVersions
 from rljob_operator.delivered import Delivered
 from rljob_operator.kinds import GROUP, PLURAL, VERSION
-from rljob_operator.kubeapi import load_api_client
+from rljob_operator.kube import kopf_watch
+from rljob_operator.kube.kopf_watch import kopf_watching
+from rljob_operator.kube.kubeapi import load_api_client
 from rljob_operator.metrics import Metrics
 from rljob_operator.pod_cache import EnginePodCache
 from rljob_operator.settings import load_settings
@@ -124,8 +124,8 @@ def test_kopf_watches_rljobs_only_and_the_engine_pod_watch_asks_for_engine_pods(
     time in an N=300 ramp), whose LIST and WATCH carry the engine label selector, so the API
     server sends engine pods only."""
     registry = kopf.get_default_registry()
-    pods = Resource("", "v1", "pods", kind="Pod", singular="pod", shortcuts=frozenset({"po"}), namespaced=True)
-    rljobs = Resource(GROUP, VERSION, PLURAL, kind="RLJob", singular="rljob", namespaced=True)
+    pods = kopf.Resource("", "v1", "pods", kind="Pod", singular="pod", shortcuts=frozenset({"po"}), namespaced=True)
+    rljobs = kopf.Resource(GROUP, VERSION, PLURAL, kind="RLJob", singular="rljob", namespaced=True)
     kinds = (registry._indexing, registry._watching, registry._spawning, registry._changing, registry._webhooks)
     assert not any(r.has_handlers(resource=pods) for r in kinds)
     assert registry._watching.has_handlers(resource=rljobs) and registry._spawning.has_handlers(resource=rljobs)
@@ -180,9 +180,9 @@ async def test_kopf_is_handed_every_rljob_body_without_managed_fields(monkeypatc
             yield event
 
     monkeypatch.setattr(kopf_watching, "continuous_watch", kopfs_own)
-    handlers.keep_managed_fields_out_of_kopf()
-    handlers.keep_managed_fields_out_of_kopf()  # a second install does not wrap twice
-    rljobs = Resource(GROUP, VERSION, PLURAL, kind="RLJob", singular="rljob", namespaced=True)
+    kopf_watch.keep_managed_fields_out_of_kopf()
+    kopf_watch.keep_managed_fields_out_of_kopf()  # a second install does not wrap twice
+    rljobs = kopf.Resource(GROUP, VERSION, PLURAL, kind="RLJob", singular="rljob", namespaced=True)
     stream = kopf_watching.infinite_watch(settings=kopf.OperatorSettings(), resource=rljobs, namespace="rl", _iterations=1)
     seen = [event async for event in stream]
 

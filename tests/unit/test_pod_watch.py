@@ -14,13 +14,14 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
 
+import aiohttp
 import kopf
 import pytest
 from aiohttp import web
 from rljob_operator import labels as L
-from rljob_operator.kubeapi import KubeApi, KubeApiError
-from rljob_operator.kubeconn import ApiConnection
-from rljob_operator.list_watch import Gone, ListWatch, decode, split_lines
+from rljob_operator.kube.connection import ApiConnection
+from rljob_operator.kube.kubeapi import KubeApi, KubeApiError
+from rljob_operator.kube.list_watch import Gone, ListWatch, decode, split_lines
 from rljob_operator.pod_cache import EnginePodCache
 
 SELECTOR = f"{L.ROLE}={L.ROLE_ENGINE}"
@@ -220,3 +221,43 @@ async def test_an_event_that_breaks_its_handler_does_not_end_the_watch() -> None
         kube.close()
         assert failed == ["p9"] and restarts["error"] == 1
         assert "p9" in {p["metadata"]["name"] for p in cache.pods("rl", "j")}
+
+
+async def test_a_watch_refused_with_401_logs_in_again_so_that_the_next_try_carries_new_credentials() -> None:
+    """The LIST's calls renew an expired login themselves (`connection`); the watch, on the
+    event loop, tells the connection and backs off, and its next request carries the new token."""
+    seen: list[str] = []
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        seen.append(request.headers.get("Authorization", ""))
+        if request.headers.get("Authorization") != "Bearer fresh":
+            return web.json_response({"kind": "Status", "code": 401, "message": "Unauthorized"}, status=401)
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_get("/api/v1/namespaces/rl/pods", handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    logins: list[str] = []
+
+    def login() -> kopf.ConnectionInfo:
+        logins.append("fresh")
+        return kopf.ConnectionInfo(server=url, token="fresh")
+
+    kube = KubeApi(ApiConnection(kopf.ConnectionInfo(server=url, token="stale"), login=login), threads=1)
+    watch = ListWatch(kube, "rl", SELECTOR, lambda *_: None, lambda *_: None,
+                      server_timeout=5, client_timeout=5, connect_timeout=5)  # fmt: skip
+    watch.version = "7"
+    try:
+        async with aiohttp.ClientSession() as session:
+            with pytest.raises(KubeApiError) as refused:
+                await watch.watch(session, False)
+            assert refused.value.status == 401 and logins == ["fresh"]
+            await watch.watch(session, False)  # the retry: accepted
+        assert seen == ["Bearer stale", "Bearer fresh"]
+    finally:
+        kube.close()
+        await runner.cleanup()

@@ -71,7 +71,7 @@ def test_scale_nodes_get_loopback_pod_cidrs_apart_from_every_worktrees_nodes() -
 
 def test_the_operators_pool_waits_are_read_by_queue_from_its_own_metrics() -> None:
     """The operator's exposition, as its /metrics serves it, read back by the benchmark."""
-    from rljob_operator.api_pool import OUTSIDE_PASSES, RESYNC, WORK
+    from rljob_operator.kube.api_pool import OUTSIDE_PASSES, RESYNC, WORK
     from rljob_operator.metrics import Metrics
 
     metrics = Metrics()

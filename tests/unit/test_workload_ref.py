@@ -9,8 +9,8 @@ from typing import Any, cast
 import pytest
 from pydantic import ValidationError
 from rljob_operator.conditions import find
-from rljob_operator.kubeapi import KubeApi, NotFound, names_object, resource_path
-from rljob_operator.kubeconn import Response
+from rljob_operator.kube.connection import Response
+from rljob_operator.kube.kubeapi import KubeApi, NotFound, names_object, resource_path
 from rljob_operator.metrics import Metrics
 from rljob_operator.reconcile.job_runtime import JobRuntime, Seen
 from rljob_operator.reconcile.job_status import Observed, TrainerState, build_status

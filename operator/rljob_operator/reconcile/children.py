@@ -39,7 +39,7 @@ from controller_runtime.api.spec import Placement, RLJobSpec, Toleration
 from controller_runtime.clock import parse_iso
 from rljob_operator.child_versions import fingerprint
 from rljob_operator.conditions import Want
-from rljob_operator.kubeapi import Invalid, KubeApiError
+from rljob_operator.kube.kubeapi import Invalid, KubeApiError
 from rljob_operator.kueue import FlavorPlacement, placement_with
 from rljob_operator.manifests import (
     PolicyPeers,

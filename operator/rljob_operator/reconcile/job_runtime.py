@@ -28,10 +28,10 @@ from controller_runtime.clock import Clock, RealClock
 from controller_runtime.controller import InferenceController
 from controller_runtime.events import Reason
 from controller_runtime.ports import EngineClientFactory, Platform
-from rljob_operator.api_pool import in_pass
 from rljob_operator.child_versions import ChildVersions
 from rljob_operator.conditions import Want
 from rljob_operator.event_recorder import EventRecorder, EventSink
+from rljob_operator.kube.api_pool import in_pass
 from rljob_operator.manifests import PolicyPeers
 from rljob_operator.metrics import Metrics
 from rljob_operator.pod_cache import object_version

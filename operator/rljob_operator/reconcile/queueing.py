@@ -36,7 +36,7 @@ from rljob_operator.kinds import (
     WORKLOAD_KIND,
     WORKLOAD_PRIORITY_CLASS_KIND,
 )
-from rljob_operator.kubeapi import Conflict
+from rljob_operator.kube.kubeapi import Conflict
 from rljob_operator.kueue import (
     FlavorPlacement,
     QueuePhase,

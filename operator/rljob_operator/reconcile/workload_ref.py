@@ -24,7 +24,7 @@ from controller_runtime.api.spec import WorkloadRef
 from controller_runtime.api.status import ConditionType
 from controller_runtime.api.workloads import UNSUPPORTED_WORKLOAD_MSG, WorkloadKind, workload_kind
 from rljob_operator.conditions import Want
-from rljob_operator.kubeapi import NotFound
+from rljob_operator.kube.kubeapi import NotFound
 from rljob_operator.reconcile.context import JobContext
 from rljob_operator.reconcile.job_status import TrainerState
 

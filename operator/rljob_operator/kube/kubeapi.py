@@ -4,8 +4,8 @@ Built once per operator process (`main.run_operator`) and handed to everything t
 the API server: the Kubernetes `Platform`, the reconcile steps, the status writer, Events, the
 controller API's access reviews and the leader Lease.
 
-Transport: `kubeconn.ApiConnection`, one urllib3 HTTPS pool with the credentials kopf logs in
-with (the official `kubernetes` client did this before; its import was 18 MiB of RSS, `kubeconn`).
+Transport: `connection.ApiConnection`, one urllib3 HTTPS pool with the credentials kopf logs in
+with (`kubeconfig`).
 The operator's traffic is a handful of calls per reconcile pass, far from what a small thread
 pool cannot carry. Every call runs on this object's own pool, so a slow API server never blocks
 the event loop that also serves probes and the controller API, and every request carries a
@@ -37,9 +37,9 @@ from typing import Any
 import urllib3
 
 from controller_runtime.errors import PlatformError
-from rljob_operator.api_pool import PriorityPool, WaitObserver, current_rank
 from rljob_operator.kinds import API_VERSION, KIND, PLURALS
-from rljob_operator.kubeconn import ApiConnection, connect
+from rljob_operator.kube.api_pool import PriorityPool, WaitObserver, current_rank
+from rljob_operator.kube.connection import ApiConnection, connect
 
 COMPONENT = "rljob-operator"  # Events' source and reporting component
 FIELD_MANAGER = "rljob-operator"  # server-side apply's manager of what the operator owns
@@ -97,7 +97,7 @@ def names_object(body: str, name: str) -> bool:
 
 
 def load_api_client(kubeconfig: str | None = None, connections: int | None = None) -> ApiConnection:
-    """The operator's connection (`kubeconn.connect`): an explicit kubeconfig, else in-cluster.
+    """The operator's connection (`connection.connect`): an explicit kubeconfig, else in-cluster.
 
     `connections`: the HTTPS connections kept open, one per thread of the `KubeApi` that uses
     it; a pool of more threads than connections paid a TLS handshake for every call beyond them

@@ -1,5 +1,6 @@
-"""The operator's API server connection (`kubeconn`): where its credentials come from, what its
-requests carry, and that the operator's process runs without the `kubernetes` package.
+"""The API server connection (`kube.connection`, `kube.kubeconfig`): where its credentials come
+from (exec plugins and cached auth-provider tokens included), what its requests carry, how an
+expired login is renewed, and that the operator's process runs without the `kubernetes` package.
 
 The requests go to a real HTTP server on loopback; the credentials are files written here. The
 connection against the real API server (TLS, client certificates) is what every integration
@@ -14,12 +15,20 @@ import sys
 import threading
 import tomllib
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import kopf
 import pytest
 import yaml
-from rljob_operator.kubeconn import TOKEN_REREAD_SECONDS, ApiConnection, LoginError, connect, connection_info
+from rljob_operator.kube.connection import (
+    RELOGIN_MARGIN_SECONDS,
+    TOKEN_REREAD_SECONDS,
+    ApiConnection,
+    connect,
+)
+from rljob_operator.kube.kubeconfig import LoginError, connection_info
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -57,9 +66,11 @@ def test_kubeconfig_file_paths_are_relative_to_the_kubeconfig(tmp_path: Path) ->
     assert info.default_namespace == "rl"
 
 
-def test_a_credential_plugin_without_a_token_is_refused_with_the_file_and_the_plugin(tmp_path: Path) -> None:
-    cfg = write_kubeconfig(tmp_path / "kubeconfig", {"exec": {"command": "aws", "apiVersion": "v1"}})
-    with pytest.raises(LoginError, match=r"kubeconfig: user 'u' authenticates with an exec plugin"):
+def test_an_unknown_context_or_a_missing_plugin_is_refused_with_the_file_and_what_is_missing(tmp_path: Path) -> None:
+    cfg = write_kubeconfig(tmp_path / "kubeconfig", {"exec": {
+        "command": "rljob-no-such-plugin", "apiVersion": "client.authentication.k8s.io/v1",
+        "installHint": "install it from the vendor"}})  # fmt: skip
+    with pytest.raises(LoginError, match=r"kubeconfig: user 'u' exec plugin: 'rljob-no-such-plugin' not found \(install it"):
         connection_info(str(cfg))
     cfg.write_text(cfg.read_text().replace("current-context: c", "current-context: nope"))
     with pytest.raises(LoginError, match="no context named 'nope'"):
@@ -79,6 +90,9 @@ def test_an_explicit_kubeconfig_wins_then_the_service_account_then_kubeconfig_en
     in_pod = connection_info(None, service_account=sa)
     assert (in_pod.token, in_pod.server, in_pod.default_namespace) == ("sa-token", "https://[fd00::1]:443", "rljob-system")
     assert connection_info(None, service_account=tmp_path / "absent").token == "env-token"
+    assert connection_info(None, service_account=sa, user_first=True).token == "env-token"  # kubectl's order
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
+    assert connection_info(None, service_account=sa, user_first=True).token == "sa-token"
 
 
 class Recorder(http.server.BaseHTTPRequestHandler):
@@ -89,6 +103,8 @@ class Recorder(http.server.BaseHTTPRequestHandler):
         self.seen.append({"method": self.command, "path": self.path, "headers": dict(self.headers),
                           "body": self.rfile.read(length) if length else b""})  # fmt: skip
         status = 404 if self.path.startswith("/missing") else 200
+        if self.headers.get("Authorization") == "Bearer stale":  # a login the API server no longer takes
+            status = 401
         payload = json.dumps({"ok": status == 200}).encode()
         self.send_response(status)
         self.send_header("Content-Length", str(len(payload)))
@@ -142,6 +158,47 @@ def test_basic_credentials_are_sent_when_there_is_no_token(server: str, tmp_path
     cfg = write_kubeconfig(tmp_path / "k", {"username": "admin", "password": "pw"}, {"server": server})
     connect(str(cfg)).request("GET", "/api")
     assert Recorder.seen[0]["headers"]["Authorization"] == "Basic YWRtaW46cHc="
+
+
+def test_an_expired_login_is_made_again_before_the_request_and_a_401_once_after_it(
+    server: str, tmp_path: Path
+) -> None:
+    """As client-go treats an exec plugin's credential: used until its expiration, renewed on a
+    401 and the request sent once more; a login that gives the same token is not resent."""
+    logins: list[str] = []
+    tokens = iter(["second", "stale", "third", "third", "third"])
+
+    def login() -> kopf.ConnectionInfo:
+        logins.append("login")
+        return kopf.ConnectionInfo(server=server, token=next(tokens), expiration=datetime.fromtimestamp(now[0] + 1_000, UTC))
+
+    now = [0.0]
+    first = kopf.ConnectionInfo(server=server, token="first", expiration=datetime.fromtimestamp(1_000, UTC))
+    conn = ApiConnection(first, login=login, wall=lambda: now[0])
+    assert conn.request("GET", "/a").status == 200  # valid: no login
+    now[0] = 1_000 - RELOGIN_MARGIN_SECONDS  # about to expire
+    assert conn.request("GET", "/b").status == 200
+    now[0] = 1_990 - RELOGIN_MARGIN_SECONDS  # expires again: the login gives a token refused (401)
+    assert conn.request("GET", "/c").status == 200  # sent again with the next login's
+    assert conn.request("GET", "/d").status == 200
+    assert [(r["path"], r["headers"]["Authorization"]) for r in Recorder.seen] == [
+        ("/a", "Bearer first"), ("/b", "Bearer second"), ("/c", "Bearer stale"), ("/c", "Bearer third"),
+        ("/d", "Bearer third")]  # fmt: skip
+    assert len(logins) == 3
+
+
+def test_a_401_with_static_credentials_is_answered_as_it_came(server: str, tmp_path: Path) -> None:
+    cfg = write_kubeconfig(tmp_path / "k", {"token": "stale"}, {"server": server})
+    assert connect(str(cfg)).request("GET", "/a").status == 401  # the kubeconfig read again: same token
+    assert len(Recorder.seen) == 1
+
+
+def test_a_failed_login_keeps_the_old_credentials_for_the_api_server_to_refuse(server: str) -> None:
+    def login() -> kopf.ConnectionInfo:
+        raise LoginError("the plugin is gone")
+
+    info = kopf.ConnectionInfo(server=server, token="stale", expiration=datetime.fromtimestamp(0, UTC))
+    assert ApiConnection(info, login=login).request("GET", "/a").status == 401
 
 
 def test_the_operators_process_runs_without_the_kubernetes_package() -> None:

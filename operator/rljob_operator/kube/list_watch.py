@@ -35,8 +35,8 @@ from typing import Any
 
 import aiohttp
 
-from rljob_operator.kubeapi import KubeApi, KubeApiError, resource_path
-from rljob_operator.platform import list_version
+from rljob_operator.kube.kubeapi import KubeApi, KubeApiError, resource_path
+from rljob_operator.kube.versions import list_version
 
 log = logging.getLogger(__name__)
 
@@ -175,6 +175,8 @@ class ListWatch:
         async with session.get(url, params=query, headers=headers, ssl=ssl_context, timeout=timeout) as resp:
             if resp.status == 410:
                 raise Gone(await resp.text())
+            if resp.status == 401:  # an expired login: the next try carries a new one
+                self.kube.api_client.unauthorized(auth)
             if resp.status != 200:
                 raise KubeApiError(
                     f"GET {self.path} (watch)", resp.status, resp.reason or "", await resp.text()
