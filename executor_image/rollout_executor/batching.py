@@ -6,6 +6,7 @@ Pure functions (numpy only) so they are tested without engines or Ray.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Collection
 
 import numpy as np
 from rljob_client.trainbatch import TrainBatch
@@ -29,9 +30,13 @@ def group_advantages(rewards: np.ndarray, groups: np.ndarray, eps: float = ADV_E
     return out.astype(np.float32)
 
 
-def check_groups_complete(samples: list[Sample], n_groups: int, n_per_group: int) -> None:
-    """Every group holds exactly samples 0..n-1 once; raises naming what is wrong."""
+def check_groups_complete(samples: list[Sample], n_groups: int, n_per_group: int,
+                          dropped: Collection[tuple[int, int]] = ()) -> None:
+    """Every group holds exactly samples 0..n-1 once, but for the (group, sample) pairs dropped
+    after a failure; raises naming what is wrong."""
     seen: dict[int, set[int]] = defaultdict(set)
+    for g, s_ in dropped:
+        seen[g].add(s_)
     for s in samples:
         if s.key.sample in seen[s.key.group]:
             raise ValueError(f"duplicate sample {s.key}")

@@ -83,6 +83,7 @@ class EvalTask:
     reward_name: str
     reward_args: dict[str, Any]
     vocab: VocabInfo | None
+    scorer: Callable[[RewardInput], Awaitable[float]] | None = None  # the executor's (worker pool, timeout)
 
 
 def skipped(rollout_id: int, reason: str, detail: str = "") -> dict[str, Any]:
@@ -106,6 +107,8 @@ async def score_prompts(rollout_id: int, gen: Generator, task: EvalTask) -> tupl
             vocab=task.vocab,
             record=p.record,
         )
+        if task.scorer is not None:
+            return await task.scorer(ri), c.weight_version
         return await score(task.reward_fn, task.reward_name, ri, task.reward_args), c.weight_version
 
     n = task.samples_per_prompt

@@ -39,8 +39,9 @@ from rollout_executor.generation import (
     WeightGate,
     static_endpoints,
 )
+from rollout_executor.failures import SampleFailure, check_budget
 from rollout_executor.metrics import ExecutorMetrics
-from rollout_executor.rewards import load_reward, score, success_threshold
+from rollout_executor.rewards import RewardError, Scorer, success_threshold
 from rollout_executor.samples import Sample, SampleKey, VocabInfo
 from rollout_executor.staleness import VersionTracker, parse_version
 from rollout_executor.state import ExecutorState, PendingRollout, load_state, save_state
@@ -58,6 +59,7 @@ class Rollout:
     start: Position
     end: Position
     samples: dict[SampleKey, Sample] = field(default_factory=dict)
+    failures: dict[SampleKey, SampleFailure] = field(default_factory=dict)
     task: asyncio.Task[None] | None = None
     batch: TrainBatch | None = None
     fetched_ranks: set[int] = field(default_factory=set)
@@ -101,7 +103,10 @@ class RolloutExecutor:
         )
         self.vocab = vocab or (VocabInfo.from_model_dir(config.tokenizer_path) if config.tokenizer_path else None)
         self.reward_name = config.reward_function
-        self.reward_fn = load_reward(config.reward_function)
+        self.scorer = Scorer(config.reward_function, config.reward_args, workers=config.reward_workers,
+                             timeout_seconds=config.reward_timeout_seconds)
+        self.reward_fn = self.scorer.fn
+        self.failures_by_reason: dict[str, int] = {}
         self.versions = VersionTracker(max_staleness=config.max_staleness)
         self.rollouts: dict[int, Rollout] = {}
         self.sampling = SamplingParams(max_tokens=config.max_tokens, temperature=config.temperature, top_p=config.top_p)
@@ -122,6 +127,7 @@ class RolloutExecutor:
     async def start(self) -> None:
         if self._session is not None:
             return
+        await self.scorer.start()
         self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
         self._gate = WeightGate(version=self.versions.current)
         pool = EnginePool(
@@ -149,6 +155,7 @@ class RolloutExecutor:
         if self._session is not None:
             await self._session.close()
             self._session = None
+        await self.scorer.close()
 
     @property
     def generator(self) -> Generator:
@@ -176,7 +183,7 @@ class RolloutExecutor:
             SampleKey(ro.rollout_id, g, s)
             for g in range(len(ro.prompts))
             for s in range(n)
-            if SampleKey(ro.rollout_id, g, s) not in ro.samples
+            if SampleKey(ro.rollout_id, g, s) not in ro.samples and SampleKey(ro.rollout_id, g, s) not in ro.failures
         ]
 
     async def _one(self, ro: Rollout, key: SampleKey) -> None:
@@ -196,12 +203,33 @@ class RolloutExecutor:
             engine=c.engine,
             record=prompt.record,
         )
-        sample.reward = await score(self.reward_fn, self.reward_name, sample.reward_input(self.vocab), self.config.reward_args)
+        try:
+            sample.reward = await self.scorer(sample.reward_input(self.vocab))
+        except RewardError as e:
+            if key in ro.samples or key in ro.failures:
+                self.duplicates_discarded += 1
+                return
+            self._fail(ro, SampleFailure(key, prompt.index, "reward", e.reason, str(e),
+                                         dropped=self.config.reward_on_error == "drop"))
+            if self.config.reward_on_error == "drop":
+                return
+            sample.reward = self.config.reward_error_value
         if key in ro.samples:
             self.duplicates_discarded += 1
             return
         ro.samples[key] = sample
         self.metrics.sample_scored()
+
+    def _fail(self, ro: Rollout, failure: SampleFailure) -> None:
+        """Record a failed sample (metric, log, batch meta); past the budget, fail the rollout."""
+        ro.failures[failure.key] = failure
+        label = f"{failure.source}/{failure.reason}"
+        self.failures_by_reason[label] = self.failures_by_reason.get(label, 0) + 1
+        self.metrics.sample_failed(failure.source, failure.reason)
+        log.warning("%s (prompt %d): %s%s", failure.key, failure.prompt_index, failure.message,
+                    "; dropped from its group" if failure.dropped else "")
+        check_budget(ro.failures, self.config.failure_budget, len(ro.prompts) * self.config.n_samples_per_prompt,
+                     ro.rollout_id)
 
     async def _fill(self, ro: Rollout) -> None:
         """Generate and score every missing sample; the first error cancels the rest."""
@@ -225,6 +253,9 @@ class RolloutExecutor:
             assert ro.task is not None
             if ro.task.done() and (ro.task.cancelled() or ro.task.exception() is not None) and ro.error_reported:
                 ro.error_reported = False
+                for k in list(ro.failures):  # a retry scores its failed samples again, within a fresh budget
+                    ro.samples.pop(k, None)
+                ro.failures.clear()
                 ro.task = asyncio.ensure_future(self._fill(ro))  # a new request after a reported failure: retry
             try:
                 await asyncio.shield(ro.task)
@@ -241,6 +272,8 @@ class RolloutExecutor:
                 dropped = [k for k in ro.samples if k.group in set(stale)]
                 for k in dropped:
                     del ro.samples[k]
+                for k in [k for k in ro.failures if k.group in set(stale)]:
+                    del ro.failures[k]  # regenerated: its record goes with it
                 self.versions.count_drop(len(stale), len(dropped))
                 ro.regenerations += 1
                 log.info("rollout %d: dropped %d stale groups (%d samples) at version %d; regenerating", ro.rollout_id, len(stale), len(dropped), self.versions.current)
@@ -250,9 +283,14 @@ class RolloutExecutor:
                 ro.task = asyncio.ensure_future(self._fill(ro))
                 continue
             samples = list(ro.samples.values())
-            check_groups_complete(samples, len(ro.prompts), self.config.n_samples_per_prompt)
+            dropped = [(k.group, k.sample) for k, f in ro.failures.items() if f.dropped]
+            check_groups_complete(samples, len(ro.prompts), self.config.n_samples_per_prompt, dropped)
+            if not samples:
+                raise RuntimeError(f"rollout {ro.rollout_id}: every sample failed and was dropped")
             batch = build_batch(samples, ro.rollout_id, self.config.n_samples_per_prompt)
             batch.meta.update(weight_version=self.versions.current, regenerations=ro.regenerations)
+            if ro.failures:
+                batch.meta["failed_samples"] = [f.to_dict() for f in sorted(ro.failures.values(), key=lambda f: f.key)]
             ro.batch = batch
             took = (ro.finished_at - ro.started_at) if ro.finished_at is not None else None
             self.metrics.batch_delivered([max(0, self.versions.current - s.weight_version) for s in samples],
@@ -319,6 +357,7 @@ class RolloutExecutor:
             reward_name=self.reward_name,
             reward_args=c.reward_args,
             vocab=self.vocab,
+            scorer=self.scorer,
         )
 
     async def eval(self, rollout_id: int, weight_version: str | None = None,
@@ -443,6 +482,8 @@ class RolloutExecutor:
             "stale_dropped_samples": self.versions.dropped_samples,
             "stale_dropped_groups": self.versions.dropped_groups,
             "duplicates_discarded": self.duplicates_discarded,
+            "failed_samples": dict(self.failures_by_reason),
+            "reward_workers_replaced": self.scorer.pool.replaced if self.scorer.pool else 0,
             "completed_requests": g.stats.completed if g else 0,
             "retried_requests": g.stats.retried if g else 0,
             "aborted_retries": g.stats.aborted_retries if g else 0,
