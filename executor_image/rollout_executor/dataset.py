@@ -26,6 +26,8 @@ class Prompt:
     text: str
     label: Any
     record: dict[str, Any]
+    messages: list[dict[str, Any]] | None = None
+    """Chat rows (format chat): the conversation to render with the model's chat template."""
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from rljob_client.trainbatch import TrainBatch
 from rollout_executor.batching import build_batch, check_groups_complete
 from rollout_executor.config import ExecutorConfig
 from rollout_executor.dataset import Position, Prompt, PromptDataset
+from rollout_executor.engine_client import EngineClient, Tokenizer
 from rollout_executor.evaluation import (
     EvalFleetProvider,
     EvalRecorder,
@@ -31,6 +32,7 @@ from rollout_executor.evaluation import (
     record_request,
     run_eval,
 )
+from rollout_executor.failures import SampleFailure, check_budget
 from rollout_executor.generation import (
     EndpointsProvider,
     EnginePool,
@@ -39,9 +41,15 @@ from rollout_executor.generation import (
     WeightGate,
     static_endpoints,
 )
-from rollout_executor.failures import SampleFailure, check_budget
 from rollout_executor.metrics import ExecutorMetrics
-from rollout_executor.rewards import RewardError, Scorer, success_threshold
+from rollout_executor.rewards import RewardError, Scorer, load_reward, success_threshold
+from rollout_executor.rollout_api import (
+    DEFAULT_FUNCTION,
+    MalformedSample,
+    PromptRow,
+    RolloutSample,
+    check_sample,
+)
 from rollout_executor.samples import Sample, SampleKey, VocabInfo
 from rollout_executor.staleness import VersionTracker, parse_version
 from rollout_executor.state import ExecutorState, PendingRollout, load_state, save_state
@@ -107,6 +115,9 @@ class RolloutExecutor:
                              timeout_seconds=config.reward_timeout_seconds)
         self.reward_fn = self.scorer.fn
         self.failures_by_reason: dict[str, int] = {}
+        self.rollout_name = config.rollout_function or DEFAULT_FUNCTION
+        self.rollout_fn = load_reward(self.rollout_name, "spec.rollout.function")
+        self._tok: Tokenizer | None = None
         self.versions = VersionTracker(max_staleness=config.max_staleness)
         self.rollouts: dict[int, Rollout] = {}
         self.sampling = SamplingParams(max_tokens=config.max_tokens, temperature=config.temperature, top_p=config.top_p)
@@ -186,25 +197,85 @@ class RolloutExecutor:
             if SampleKey(ro.rollout_id, g, s) not in ro.samples and SampleKey(ro.rollout_id, g, s) not in ro.failures
         ]
 
-    async def _one(self, ro: Rollout, key: SampleKey) -> None:
+    def tokenizer(self) -> Tokenizer:
+        """The model's tokenizer, loaded on first use (chat templates, a rollout function's encode/decode)."""
+        if self._tok is None:
+            if not self.config.tokenizer_path:
+                raise RuntimeError("no tokenizer: set spec.model.tokenizer (or spec.model.path)")
+            from transformers import AutoTokenizer
+
+            self._tok = AutoTokenizer.from_pretrained(self.config.tokenizer_path)
+        return self._tok
+
+    def _row(self, ro: Rollout, key: SampleKey, n: int) -> PromptRow:
+        p = ro.prompts[key.group]
+        return PromptRow(key=key, index=p.index, text=p.text, messages=p.messages, label=p.label, record=p.record, n=n)
+
+    async def _call(self, ro: Rollout, key: SampleKey, n: int) -> list[RolloutSample]:
+        """The rollout function's samples for `key` (n of them from key.sample on), validated;
+        MalformedSample, TimeoutError or the function's own exception otherwise."""
+        client = EngineClient(self.generator, key, self.tokenizer)
+        row = self._row(ro, key, n)
+        args = self.config.rollout_function_args
+        if self.config.rollout_function is None:  # the default: bounded by the generator's own timeouts
+            out = await self.rollout_fn(client, row, **args)
+        else:
+            out = await asyncio.wait_for(self.rollout_fn(client, row, **args), self.config.rollout_function_timeout_seconds)
+        got = list(out) if self.config.rollout_function_per_group else [out]
+        if len(got) != n:
+            raise MalformedSample(f"returned {len(got)} samples for a group of {n}")
+        default_version = min(client.versions) if client.versions else None
+        return [self._stamp(check_sample(s, default_version), default_version) for s in got]
+
+    @staticmethod
+    def _stamp(s: RolloutSample, version: int | None) -> RolloutSample:
+        if s.weight_versions is None:
+            s.weight_versions = [version] * len(s.response_token_ids) if version is not None else []
+        return s
+
+    async def _one(self, ro: Rollout, key: SampleKey, n: int = 1) -> None:
+        """Samples key.sample .. key.sample+n-1 of a group: the rollout function, then the reward."""
         prompt = ro.prompts[key.group]
-        c = await self.generator.complete(key, prompt.text)
+        keys = [SampleKey(key.rollout_id, key.group, key.sample + i) for i in range(n)]
+        try:
+            outs = await self._call(ro, key, n)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            reason = "timeout" if isinstance(e, TimeoutError) else "malformed" if isinstance(e, MalformedSample) else "error"
+            what = (f"timed out after {self.config.rollout_function_timeout_seconds:g}s" if reason == "timeout"
+                    else f"returned a malformed sample: {e}" if reason == "malformed" else f"raised {type(e).__name__}: {e}")
+            if self.config.rollout_function is None:
+                raise  # single-turn generation: the engines failed, the rollout fails as it always has
+            for k in keys:
+                if k not in ro.samples and k not in ro.failures:
+                    self._fail(ro, SampleFailure(k, prompt.index, "rollout", reason,
+                                                 f"rollout function {self.rollout_name} {what} for {k} (prompt {prompt.index})",
+                                                 dropped=True))
+            return
+        await asyncio.gather(*(self._score(ro, k, prompt, o) for k, o in zip(keys, outs, strict=True)))
+
+    async def _score(self, ro: Rollout, key: SampleKey, prompt: Prompt, o: RolloutSample) -> None:
+        versions = o.weight_versions or []
         sample = Sample(
             key=key,
             prompt_index=prompt.index,
             prompt=prompt.text,
             label=prompt.label,
-            prompt_token_ids=c.prompt_token_ids,
-            response_token_ids=c.token_ids,
-            response_logprobs=c.logprobs,
-            response=c.text,
-            finish_reason=c.finish_reason,
-            weight_version=c.weight_version,
-            engine=c.engine,
+            prompt_token_ids=o.prompt_token_ids,
+            response_token_ids=o.response_token_ids,
+            response_logprobs=o.logprobs,
+            response=o.response,
+            finish_reason=o.finish_reason,
+            weight_version=min(versions) if versions else self.versions.current,
+            engine=o.engine,
             record=prompt.record,
+            loss_mask=o.loss_mask,
+            token_weight_versions=versions if versions and min(versions) != max(versions) else None,
+            metadata=o.metadata,
         )
         try:
-            sample.reward = await self.scorer(sample.reward_input(self.vocab))
+            sample.reward = float(o.reward) if o.reward is not None else await self.scorer(sample.reward_input(self.vocab))
         except RewardError as e:
             if key in ro.samples or key in ro.failures:
                 self.duplicates_discarded += 1
@@ -233,7 +304,14 @@ class RolloutExecutor:
 
     async def _fill(self, ro: Rollout) -> None:
         """Generate and score every missing sample; the first error cancels the rest."""
-        tasks = [asyncio.ensure_future(self._one(ro, k)) for k in self._missing(ro)]
+        missing = self._missing(ro)
+        if self.config.rollout_function_per_group:  # a group with any sample missing is made again whole
+            n = self.config.n_samples_per_prompt
+            groups = sorted({k.group for k in missing})
+            calls = [(SampleKey(ro.rollout_id, g, 0), n) for g in groups]
+        else:
+            calls = [(k, 1) for k in missing]
+        tasks = [asyncio.ensure_future(self._one(ro, k, n)) for k, n in calls]
         try:
             await asyncio.gather(*tasks)
         finally:

@@ -37,18 +37,18 @@ class RewardError(Exception):
         self.reason = reason
 
 
-def load_reward(path: str) -> RewardFn:
-    """Import `module:function`; a clear error names `spec.rollout.reward.function`."""
+def load_reward(path: str, field: str = "spec.rollout.reward.function") -> RewardFn:
+    """Import `module:function`; a clear error names the spec field (and carries the import error)."""
     module_name, sep, attr = path.partition(":")
     if not sep or not module_name or not attr:
-        raise RewardError(f"spec.rollout.reward.function {path!r}: expected 'module:function'")
+        raise RewardError(f"{field} {path!r}: expected 'module:function'")
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
-        raise RewardError(f"spec.rollout.reward.function {path!r}: cannot import {module_name!r}: {e}") from e
+        raise RewardError(f"{field} {path!r}: cannot import {module_name!r}: {e}") from e
     fn = getattr(module, attr, None)
     if fn is None or not callable(fn):
-        raise RewardError(f"spec.rollout.reward.function {path!r}: {module_name} has no function {attr!r}")
+        raise RewardError(f"{field} {path!r}: {module_name} has no function {attr!r}")
     return fn
 
 

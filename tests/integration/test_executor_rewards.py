@@ -14,15 +14,11 @@ from pathlib import Path
 import pytest
 from rollout_executor.samples import RewardInput
 
-from tests.integration.test_executor import (  # noqa: F401  (fixtures)
-    N_PROMPTS,
-    N_SAMPLES,
-    StandIn,
-    assert_complete,
-    config,
-    dataset,
-    make_executor,
-)
+from tests.integration import test_executor as base
+from tests.integration.test_executor import N_PROMPTS, N_SAMPLES, StandIn, assert_complete, config
+
+dataset = base.dataset  # the fixtures, shared
+make_executor = base.make_executor
 
 HERE = "tests.integration.test_executor_rewards"
 

@@ -103,6 +103,6 @@ async def test_scorer_names_function_sample_and_reason() -> None:
         await scorer.close()
     hang = Scorer(f"{FIX}:async_hangs", {}, timeout_seconds=0.2)
     assert hang.pool is None, "an async reward runs on the loop"
-    with pytest.raises(RewardError, match="timed out after 0.2s") as e:
+    with pytest.raises(RewardError, match=r"timed out after 0\.2s") as e:
         await hang(sample(0))
     assert e.value.reason == "timeout"
