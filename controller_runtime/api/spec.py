@@ -351,6 +351,7 @@ class InferenceSpec(ApiModel):
 class DatasetFormat(StrEnum):
     jsonl = "jsonl"
     parquet = "parquet"
+    chat = "chat"
 
 
 class DatasetSpec(ApiModel):
@@ -358,7 +359,8 @@ class DatasetSpec(ApiModel):
 
     path: str = Field(min_length=1, max_length=MAX_PATH, description="JSONL or Parquet file of prompts (a path inside the executor pod, or local path in local mode).")
     pvc: PvcSource | None = Field(default=None, description="PVC holding the dataset, mounted at /data in the executor pod; path is then relative to /data.")
-    format: DatasetFormat | None = Field(default=None, description="Defaults to the file extension.")
+    format: DatasetFormat | None = Field(default=None, description="jsonl or parquet: prompt text in promptField (default: the file extension). chat: rows (JSONL, or Parquet by extension) whose messagesField holds a conversation, rendered with the model's chat template and generated from its token ids.")
+    messages_field: str = Field(default="messages", min_length=1, max_length=MAX_NAME, description="With format chat: the field holding the conversation, a list of {role, content} messages.")
     prompt_field: str = Field(default="prompt", min_length=1, max_length=MAX_NAME, description="Field holding the prompt text.")
     label_field: str | None = Field(default="label", max_length=MAX_NAME, description="Field handed to the reward function as the reference answer; empty for rewards that need none (null means the same, but client-side `kubectl apply` drops nulls, so write \"\").")
     shuffle: bool = Field(default=True, description="Shuffle deterministically each epoch.")

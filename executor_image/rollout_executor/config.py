@@ -46,6 +46,7 @@ class ExecutorConfig:
     model: str
     dataset_format: str | None = None
     prompt_field: str = "prompt"
+    messages_field: str = "messages"  # dataset_format chat
     label_field: str | None = "label"
     shuffle: bool = True
     seed: int = 0
@@ -94,6 +95,7 @@ class ExecutorConfig:
             dataset_path=r.dataset.path,
             dataset_format=r.dataset.format,
             prompt_field=r.dataset.prompt_field,
+            messages_field=r.dataset.messages_field,
             label_field=r.dataset.label_field,
             shuffle=r.dataset.shuffle,
             seed=r.dataset.seed,

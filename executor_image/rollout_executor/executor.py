@@ -99,13 +99,16 @@ class RolloutExecutor:
         self.dataset = dataset or PromptDataset.from_path(
             config.dataset_path,
             config.dataset_format,
+            messages_field=config.messages_field,
             prompt_field=config.prompt_field,
             label_field=config.label_field,
             shuffle=config.shuffle,
             seed=config.seed,
         )
         self.eval_dataset = (
-            PromptDataset.from_path(config.eval_dataset_path, prompt_field=config.prompt_field, label_field=config.label_field, shuffle=False)
+            PromptDataset.from_path(config.eval_dataset_path, config.dataset_format if config.dataset_format == "chat" else None,
+                                    messages_field=config.messages_field, prompt_field=config.prompt_field,
+                                    label_field=config.label_field, shuffle=False)
             if config.eval_dataset_path
             else self.dataset
         )
@@ -206,6 +209,10 @@ class RolloutExecutor:
 
             self._tok = AutoTokenizer.from_pretrained(self.config.tokenizer_path)
         return self._tok
+
+    def render(self, messages: list[dict[str, Any]]) -> list[int]:
+        """A chat row's prompt: the model's chat template, with the generation prompt, as token ids."""
+        return EngineClient(self.generator, SampleKey(-1, -1, -1), self.tokenizer).render(messages)
 
     def _row(self, ro: Rollout, key: SampleKey, n: int) -> PromptRow:
         p = ro.prompts[key.group]
@@ -436,6 +443,7 @@ class RolloutExecutor:
             reward_args=c.reward_args,
             vocab=self.vocab,
             scorer=self.scorer,
+            render=self.render,
         )
 
     async def eval(self, rollout_id: int, weight_version: str | None = None,

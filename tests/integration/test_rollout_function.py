@@ -6,6 +6,7 @@ up to the failure budget."""
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import numpy as np
@@ -121,3 +122,32 @@ def test_a_function_that_cannot_be_imported_fails_at_start(dataset: Path, tmp_pa
     cfg = config(dataset, tmp_path, ["http://127.0.0.1:9"], rollout_function="no_such_pkg_q.mod:rollout")
     with pytest.raises(RewardError, match=r"spec\.rollout\.function 'no_such_pkg_q\.mod:rollout': cannot import 'no_such_pkg_q\.mod': No module named 'no_such_pkg_q'"):
         base.RolloutExecutor(cfg)
+
+
+async def test_chat_rows_are_rendered_with_the_chat_template_and_sent_as_token_ids(
+        tiny_model_dir: Path, tmp_path: Path, standin: StandIn, make_executor) -> None:
+    from transformers import AutoTokenizer
+
+    rows = [{"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": f"what is {i}+{i}?"}],
+             "label": str(2 * i)} for i in range(6)]
+    path = tmp_path / "chat.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = config(path, tiny_model_dir, [standin.url], dataset_format="chat", batch_size=2,
+                 reward_function="rollout_executor.rewards:exact_match", reward_args={})
+    ex = await make_executor(cfg)
+    sent: list[object] = []
+    complete = ex.generator.complete
+
+    async def spy(key, prompt, sampling=None):
+        sent.append(prompt)
+        return await complete(key, prompt, sampling)
+
+    ex.generator.complete = spy  # type: ignore[method-assign]
+    batch = await asyncio.wait_for(ex.get_batch(0), timeout=120)
+    assert len(batch) == 2 * N_SAMPLES
+    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    want = {tuple(tok.apply_chat_template(r["messages"], tokenize=True, add_generation_prompt=True)["input_ids"])
+            for r in (rows[i] for i in batch.prompt_indices.tolist())}
+    assert {tuple(p) for p in sent} == want, "the engine got the chat template's token ids, not text"  # type: ignore[arg-type]
+    text = tok.decode(next(iter(want)))
+    assert "assistant: " in text and "be brief" in text
