@@ -67,11 +67,13 @@ async def main():
         await ex.close()
         print(json.dumps({"gen_per_s": n / took}))
         return
+    c0 = time.process_time()
     for r in range(1, rollouts + 1):
         await ex.get_batch(r)
     took = time.perf_counter() - t0
+    cpu = time.process_time() - c0
     await ex.close()
-    print(json.dumps({"samples_per_s": rollouts * n / took}))
+    print(json.dumps({"samples_per_s": rollouts * n / took, "cpu_ms_per_sample": 1000 * cpu / (rollouts * n)}))
 
 asyncio.run(main())
 """

@@ -368,8 +368,8 @@ class RolloutExecutor:
                 ro.task = asyncio.ensure_future(self._fill(ro))
                 continue
             samples = list(ro.samples.values())
-            dropped = [(k.group, k.sample) for k, f in ro.failures.items() if f.dropped]
-            check_groups_complete(samples, len(ro.prompts), self.config.n_samples_per_prompt, dropped)
+            left = [(k.group, k.sample) for k, f in ro.failures.items() if f.dropped]
+            check_groups_complete(samples, len(ro.prompts), self.config.n_samples_per_prompt, left)
             if not samples:
                 raise RuntimeError(f"rollout {ro.rollout_id}: every sample failed and was dropped")
             batch = build_batch(samples, ro.rollout_id, self.config.n_samples_per_prompt)

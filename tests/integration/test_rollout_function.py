@@ -151,3 +151,31 @@ async def test_chat_rows_are_rendered_with_the_chat_template_and_sent_as_token_i
     assert {tuple(p) for p in sent} == want, "the engine got the chat template's token ids, not text"  # type: ignore[arg-type]
     text = tok.decode(next(iter(want)))
     assert "assistant: " in text and "be brief" in text
+
+
+async def test_calculator_environment_masks_the_tool_output(tiny_model_dir: Path, tmp_path: Path, standin: StandIn,
+                                                            make_executor) -> None:
+    from transformers import AutoTokenizer
+
+    path = tmp_path / "tools.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"what is {i} + 3?", "expression": f"{i} + 3"}) + "\n" for i in range(8)))
+    cfg = config(path, tiny_model_dir, [standin.url], rollout_function="rollout_executor.envs.calculator:rollout",
+                 rollout_function_args={"call_tokens": 900, "call_max_tokens": 4, "answer_max_tokens": 5})
+    ex = await make_executor(cfg)
+    batch = await asyncio.wait_for(ex.get_batch(0), timeout=120)
+    assert_complete(batch)
+    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    called = 0
+    for i, md in enumerate(batch.meta["sample_metadata"]):
+        p, r = int(batch.prompt_lengths[i]), int(batch.response_lengths[i])
+        mask = batch.response_mask[i, p : p + r].tolist()
+        if not md["called"]:
+            assert mask == [1] * 4 and batch.rewards[i] == 0.0
+            continue
+        called += 1
+        n_tool = md["tool_tokens"]
+        assert mask == [1] * 4 + [0] * n_tool + [1] * 5, "the tool's output is in the context, not in the loss"
+        tool_text = tok.decode(batch.tokens[i, p + 4 : p + 4 + n_tool].tolist())
+        assert tool_text == f" = {md['result']}\n" and md["result"] == str(batch.prompt_indices[i] + 3)
+        assert (batch.logprobs[i, p + 4 : p + 4 + n_tool] == 0).all() and batch.rewards[i] >= 1.0
+    assert called > 0

@@ -113,7 +113,8 @@ def test_schema_is_structural(schema: dict[str, Any]) -> None:
 def test_unknown_fields_are_not_preserved_in_spec(schema: dict[str, Any]) -> None:
     """Only free-form blocks keep unknown fields; everything else is pruned (and rejected by kubectl)."""
     preserved = {path for path, node in walk(schema["properties"]["spec"]) if node.get("x-kubernetes-preserve-unknown-fields")}
-    assert preserved == {".inference.placement.affinity", ".trainer.placement.affinity", ".rollout.reward.args"}
+    assert preserved == {".inference.placement.affinity", ".trainer.placement.affinity", ".rollout.reward.args",
+                         ".rollout.functionArgs"}
 
 
 def test_every_spec_and_status_field_is_described(schema: dict[str, Any]) -> None:
