@@ -28,7 +28,7 @@ START_TIMEOUT_S = 60.0
 class RewardCallError(Exception):
     """One call failed: the reward raised, timed out, or its worker died. `reason` says which."""
 
-    def __init__(self, reason: str, message: str) -> None:
+    def __init__(self, message: str, reason: str = "error") -> None:
         super().__init__(message)
         self.reason = reason
 
@@ -135,10 +135,10 @@ class RewardPool:
             kind, value = await asyncio.wait_for(w.recv(), timeout=self.timeout_seconds)
             healthy = True
         except TimeoutError:
-            raise RewardCallError("timeout", f"timed out after {self.timeout_seconds:g}s (its worker was killed)") from None
+            raise RewardCallError(f"timed out after {self.timeout_seconds:g}s (its worker was killed)", "timeout") from None
         except (asyncio.IncompleteReadError, ConnectionError, BrokenPipeError) as e:
             code = w.proc.returncode
-            raise RewardCallError("worker_died", f"its worker process died (exit code {code}): {type(e).__name__}") from e
+            raise RewardCallError(f"its worker process died (exit code {code}): {type(e).__name__}", "worker_died") from e
         finally:
             if healthy:
                 self._idle.put_nowait(w)
@@ -147,7 +147,7 @@ class RewardPool:
                 self._replacing.add(t)
                 t.add_done_callback(self._replacing.discard)
         if kind != "ok":
-            raise RewardCallError("error", f"raised {value}")
+            raise RewardCallError(f"raised {value}", "error")
         return value
 
     async def close(self) -> None:

@@ -106,3 +106,15 @@ async def test_scorer_names_function_sample_and_reason() -> None:
     with pytest.raises(RewardError, match=r"timed out after 0\.2s") as e:
         await hang(sample(0))
     assert e.value.reason == "timeout"
+
+
+def test_the_errors_that_reach_the_trainer_survive_pickling() -> None:
+    """They cross Ray from the executor's actor to the trainer."""
+    import pickle
+
+    from rollout_executor.failures import FailureBudgetExceeded
+
+    for e in (RewardError("reward f timed out", "timeout"), FailureBudgetExceeded("rollout 3: too many"),
+              RewardCallError("its worker died", "worker_died")):
+        back = pickle.loads(pickle.dumps(e))
+        assert type(back) is type(e) and str(back) == str(e)
