@@ -54,10 +54,15 @@ class _Worker:
         return pickle.loads(await self.proc.stdout.readexactly(n))
 
     async def kill(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
         if self.proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.kill()
         await self.proc.wait()
+        if self.proc.stdout is not None:  # read to EOF: the pipe's transport closes now, not when collected
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.proc.stdout.read(), 5.0)
 
 
 def _child_env() -> dict[str, str]:
@@ -157,6 +162,4 @@ class RewardPool:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         for w in list(self._all):
-            if w.proc.stdin is not None:
-                w.proc.stdin.close()
             await self._drop(w)
