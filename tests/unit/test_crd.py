@@ -257,6 +257,7 @@ def test_every_status_field_the_operator_writes_survives_pruning(schema: dict[st
 def test_every_spec_field_survives_pruning(schema: dict[str, Any]) -> None:
     raw = sample(RLJobSpec)
     raw["rollout"]["reward"]["function"] = "module:function"
+    raw["rollout"]["function"] = "module:rollout"
     del raw["trainer"]["command"]  # exclusive with workloadRef
     raw["trainer"]["reference"]["offPolicy"]["tisCap"] = 2.0  # the sample's 0.5 is below the cap's minimum of 1
     wire = RLJobSpec.model_validate(raw).to_wire()
