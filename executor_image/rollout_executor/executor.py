@@ -142,6 +142,8 @@ class RolloutExecutor:
         if self._session is not None:
             return
         await self.scorer.start()
+        if self.config.dataset_format == "chat":  # off the loop, and a missing tokenizer fails the start
+            await asyncio.to_thread(self.tokenizer)
         self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
         self._gate = WeightGate(version=self.versions.current)
         pool = EnginePool(
@@ -228,6 +230,8 @@ class RolloutExecutor:
             out = await self.rollout_fn(client, row, **args)
         else:
             out = await asyncio.wait_for(self.rollout_fn(client, row, **args), self.config.rollout_function_timeout_seconds)
+        if self.config.rollout_function_per_group and not isinstance(out, list | tuple):
+            raise MalformedSample(f"returned {type(out).__name__}, not a list of samples (functionPerGroup)")
         got = list(out) if self.config.rollout_function_per_group else [out]
         if len(got) != n:
             raise MalformedSample(f"returned {len(got)} samples for a group of {n}")
