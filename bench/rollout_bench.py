@@ -9,7 +9,8 @@ the `--before` commit's (extracted with `git archive` into a temporary directory
 checked out). Rounds interleave before and after so the shared machine's load falls on both.
 
   samples/s   `rollouts` rollouts of 8 prompts x 8 samples, token_set_fraction (a built-in,
-              scored inline), engine delay 0: the executor's own cost per sample dominates
+              scored inline), engine delay 0; and the executor process's CPU time per sample
+              (process_time), which the machine's other load moves far less than wall time
   gen/s       completions per second until every sample of one rollout (2 prompts x 8) was
               generated, engine delay 0.2 s, with a fast reward and with a 1-s synchronous
               reward (`slow_reward`; after: in the default 2 reward workers)
@@ -129,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
                 for name, tree in trees.items():
                     r = run_child(tree, fast, dataset, a.rollouts, builtin)
                     res.setdefault(f"{name}_samples_per_s", []).append(r["samples_per_s"])
+                    res.setdefault(f"{name}_cpu_ms_per_sample", []).append(r["cpu_ms_per_sample"])
                     g = run_child(tree, slow, dataset, 0, builtin, SLOW_PROMPTS)
                     res.setdefault(f"{name}_gen_per_s_fast_reward", []).append(g["gen_per_s"])
                     s = run_child(tree, slow, dataset, 0, sleepy, SLOW_PROMPTS)
@@ -139,12 +141,14 @@ def main(argv: list[str] | None = None) -> int:
                 p.wait()
     med = {k: statistics.median(v) for k, v in res.items()}
     out = {"runs": res, "median": med, "ratio_samples_per_s": med["after_samples_per_s"] / med["before_samples_per_s"],
+           "ratio_cpu_per_sample": med["after_cpu_ms_per_sample"] / med["before_cpu_ms_per_sample"],
            "rounds": a.rounds, "rollouts": a.rollouts, "prompts": PROMPTS, "samples": SAMPLES, "before": a.before}
     print(json.dumps(out, indent=1))
     if a.json_out:
         Path(a.json_out).write_text(json.dumps(out, indent=1))
     print(f"samples/s after/before {out['ratio_samples_per_s']:.3f}x ({med['after_samples_per_s']:.0f} vs "
-          f"{med['before_samples_per_s']:.0f}); gen/s with a 1-s sync reward: after {med['after_gen_per_s_1s_reward']:.1f} "
+          f"{med['before_samples_per_s']:.0f}), executor CPU per sample {out['ratio_cpu_per_sample']:.3f}x "
+          f"({med['after_cpu_ms_per_sample']:.3f} vs {med['before_cpu_ms_per_sample']:.3f} ms); gen/s with a 1-s sync reward: after {med['after_gen_per_s_1s_reward']:.1f} "
           f"(fast reward {med['after_gen_per_s_fast_reward']:.1f}), before {med['before_gen_per_s_1s_reward']:.1f} "
           f"(fast reward {med['before_gen_per_s_fast_reward']:.1f})")
     return 0

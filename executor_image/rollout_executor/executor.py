@@ -207,8 +207,11 @@ class RolloutExecutor:
         if self._tok is None:
             if not self.config.tokenizer_path:
                 raise RuntimeError("no tokenizer: set spec.model.tokenizer (or spec.model.path)")
-            from transformers import AutoTokenizer
-
+            try:
+                from transformers import AutoTokenizer
+            except ImportError as e:
+                raise RuntimeError("chat prompts and a rollout function's tokenizer need the transformers package "
+                                   f"in the executor's environment: {e}") from e
             self._tok = AutoTokenizer.from_pretrained(self.config.tokenizer_path)
         return self._tok
 
