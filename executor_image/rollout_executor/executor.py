@@ -267,7 +267,10 @@ class RolloutExecutor:
                                                  f"rollout function {self.rollout_name} {what} for {k} (prompt {prompt.index})",
                                                  dropped=True))
             return
-        await asyncio.gather(*(self._score(ro, k, prompt, o) for k, o in zip(keys, outs, strict=True)))
+        if n == 1:  # no task of its own for the one sample: the default path's per-sample cost
+            await self._score(ro, keys[0], prompt, outs[0])
+        else:
+            await asyncio.gather(*(self._score(ro, k, prompt, o) for k, o in zip(keys, outs, strict=True)))
 
     async def _score(self, ro: Rollout, key: SampleKey, prompt: Prompt, o: RolloutSample) -> None:
         versions = o.weight_versions or []
