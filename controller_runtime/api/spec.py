@@ -463,6 +463,7 @@ class InferenceSpec(ApiModel):
 class DatasetFormat(StrEnum):
     jsonl = "jsonl"
     parquet = "parquet"
+    chat = "chat"
 
 
 DATASET_URI_EXCLUSIVE_MSG = "spec.rollout.dataset.uri excludes spec.rollout.dataset.pvc: the prompts come from one place"
@@ -490,7 +491,8 @@ class DatasetSpec(ApiModel):
         default=None, min_length=1, max_length=MAX_NAME,
         description="Secret (in the RLJob's namespace) whose key HF_TOKEN is the token the download uses.",
     )
-    format: DatasetFormat | None = Field(default=None, description="Defaults to the file extension.")
+    format: DatasetFormat | None = Field(default=None, description="jsonl or parquet: prompt text in promptField (default: the file extension). chat: rows (JSONL, or Parquet by extension) whose messagesField holds a conversation, rendered with the model's chat template and generated from its token ids.")
+    messages_field: str = Field(default="messages", min_length=1, max_length=MAX_NAME, description="With format chat: the field holding the conversation, a list of {role, content} messages.")
     prompt_field: str = Field(default="prompt", min_length=1, max_length=MAX_NAME, description="Field holding the prompt text.")
     label_field: str | None = Field(default="label", max_length=MAX_NAME, description="Field handed to the reward function as the reference answer; empty for rewards that need none (null means the same, but client-side `kubectl apply` drops nulls, so write \"\").")
     shuffle: bool = Field(default=True, description="Shuffle deterministically each epoch.")
@@ -512,6 +514,11 @@ class SamplingSpec(ApiModel):
     top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling.")
 
 
+class RewardOnError(StrEnum):
+    score = "score"
+    drop = "drop"
+
+
 class RewardSpec(ApiModel):
     """The reward function that scores each sample."""
 
@@ -522,6 +529,10 @@ class RewardSpec(ApiModel):
         description="Import path `module:function` of the reward; built-ins in rollout_executor.rewards: exact_match, regex_match, math_answer, token_set_fraction.",
     )
     args: dict[str, Any] = Field(default_factory=dict, json_schema_extra={"x-kubernetes-preserve-unknown-fields": True, "type": "object"}, description="Keyword arguments for the reward function.")
+    workers: int = Field(default=2, ge=1, le=1024, description="Worker processes that run a synchronous reward function, so that it never stalls generation (an async reward runs on the executor's event loop). A worker that dies or hangs is replaced.")
+    timeout_seconds: float = Field(default=60.0, gt=0, le=86400, description="Longest one reward call may take; a call past it (its worker is killed and replaced) fails that sample as onError says.")
+    on_error: RewardOnError = Field(default=RewardOnError.score, description="A reward that raises, times out or returns no finite number: score gives the sample errorReward; drop takes the sample out of its group. Either way it is counted (rljob_executor_sample_failures_total) and recorded in the batch's meta, and the rollout goes on up to spec.rollout.failureBudget.")
+    error_reward: float = Field(default=0.0, description="The reward a failed sample gets with onError: score.")
 
 
 class OnWeightUpdate(StrEnum):
@@ -606,6 +617,21 @@ class RolloutSpec(ApiModel):
     on_weight_update: OnWeightUpdate = Field(default=OnWeightUpdate.drain, description="drain: finish in-flight requests first; abort: abort and retry them on the new weights.")
     ray_cluster: RayClusterSpec | None = Field(default=None, description="Optional KubeRay RayCluster for the executor.")
     eval: PolicyEvalSpec | None = Field(default=None, description="Evaluate the policy every N steps (pass@1 and mean reward on an eval set).")
+    function: str | None = Field(
+        default=None,
+        max_length=MAX_NAME,
+        pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
+        description=(
+            "Import path `module:function` of an async rollout function, called per prompt (or per group, see "
+            "functionPerGroup) with an engine client and the dataset row; it returns samples (token ids, loss mask, "
+            "logprobs, reward, metadata). Default: single-turn generation scored by spec.rollout.reward. A function "
+            "that cannot be imported fails the executor at start."
+        ),
+    )
+    function_args: dict[str, Any] = Field(default_factory=dict, json_schema_extra={"x-kubernetes-preserve-unknown-fields": True, "type": "object"}, description="Keyword arguments for the rollout function.")
+    function_per_group: bool = Field(default=False, description="Call the rollout function once per prompt with n = nSamplesPerPrompt and expect that many samples back, instead of once per sample.")
+    function_timeout_seconds: float = Field(default=600.0, gt=0, le=86400, description="Longest one rollout-function call may take; past it the call's samples fail (counted against failureBudget).")
+    failure_budget: float = Field(default=0.25, ge=0, le=1, description="Fraction of a rollout's samples that may fail (a reward or rollout function that raised, timed out or returned a malformed sample) before the rollout fails and the job reports the cause.")
     template: PodTemplate | None = Field(
         default=None,
         description=(

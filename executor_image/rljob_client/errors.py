@@ -24,6 +24,10 @@ table's `ControllerAPIError` (`controller_runtime.api.wire_errors`), which the s
     ├── DatasetError                             rollout_executor.dataset: the dataset cannot be read
     ├── GenerationError                          rollout_executor.generation: a sample cannot be generated
     ├── EngineFailure                            rollout_executor.generation: one attempt failed (the engine)
+    ├── RewardCallError                          rollout_executor.rewardpool: one call in the reward pool failed
+    ├── RewardPoolStartError                     rollout_executor.rewardpool: the reward workers did not start
+    ├── MalformedSample                          rollout_executor.rollout_api: a rollout function's sample is malformed
+    ├── FailureBudgetExceeded                    rollout_executor.failures: too many samples of a rollout failed
     ├── RewardError                              rollout_executor.rewards: the reward function failed
     ├── StateError (ValueError)                  rollout_executor.state: a saved state that cannot be used
     ├── WeightVersionError (ValueError)          rollout_executor.staleness: a version backwards or not an integer

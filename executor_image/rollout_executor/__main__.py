@@ -144,8 +144,11 @@ def orphaned(parent_pid: int) -> bool:
 
 def check_config(config: ExecutorConfig) -> None:
     """Fail at start, naming the spec field, rather than in the first rollout."""
-    PromptDataset.from_path(config.dataset_path, config.dataset_format, prompt_field=config.prompt_field, label_field=config.label_field)
+    PromptDataset.from_path(config.dataset_path, config.dataset_format, messages_field=config.messages_field,
+                            prompt_field=config.prompt_field, label_field=config.label_field)
     load_reward(config.reward_function)
+    if config.rollout_function:
+        load_reward(config.rollout_function, "spec.rollout.function")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -46,6 +46,7 @@ class ExecutorConfig:
     model: str
     dataset_format: str | None = None
     prompt_field: str = "prompt"
+    messages_field: str = "messages"  # dataset_format chat
     label_field: str | None = "label"
     shuffle: bool = True
     seed: int = 0
@@ -55,6 +56,15 @@ class ExecutorConfig:
     top_p: float = 1.0
     reward_function: str = "rollout_executor.rewards:exact_match"
     reward_args: dict[str, Any] = field(default_factory=dict)
+    reward_workers: int = 2
+    reward_timeout_seconds: float = 60.0
+    reward_on_error: str = "score"  # or "drop": the failed sample leaves its group
+    reward_error_value: float = 0.0
+    rollout_function: str | None = None  # None: single-turn generation (rollout_executor.rollout_fn:single_turn)
+    rollout_function_args: dict[str, Any] = field(default_factory=dict)
+    rollout_function_per_group: bool = False
+    rollout_function_timeout_seconds: float = 600.0
+    failure_budget: float = 0.25
     batch_size: int = 8
     max_staleness: int = 1
     concurrency: int = 16
@@ -85,6 +95,7 @@ class ExecutorConfig:
             dataset_path=r.dataset.path,
             dataset_format=r.dataset.format,
             prompt_field=r.dataset.prompt_field,
+            messages_field=r.dataset.messages_field,
             label_field=r.dataset.label_field,
             shuffle=r.dataset.shuffle,
             seed=r.dataset.seed,
@@ -94,6 +105,15 @@ class ExecutorConfig:
             top_p=r.sampling.top_p,
             reward_function=r.reward.function,
             reward_args=dict(r.reward.args),
+            reward_workers=r.reward.workers,
+            reward_timeout_seconds=r.reward.timeout_seconds,
+            reward_on_error=str(r.reward.on_error),
+            reward_error_value=r.reward.error_reward,
+            rollout_function=r.function,
+            rollout_function_args=dict(r.function_args),
+            rollout_function_per_group=r.function_per_group,
+            rollout_function_timeout_seconds=r.function_timeout_seconds,
+            failure_budget=r.failure_budget,
             batch_size=r.batch_size,
             max_staleness=r.max_staleness,
             concurrency=r.concurrency,

@@ -27,6 +27,8 @@ class Prompt:
     text: str
     label: Any
     record: dict[str, Any]
+    messages: list[dict[str, Any]] | None = None
+    """Chat rows (format chat): the conversation to render with the model's chat template."""
 
 
 @dataclass(frozen=True)
@@ -59,7 +61,7 @@ def read_records(path: str, fmt: str | None = None) -> list[dict[str, Any]]:
     p = Path(path)
     if not p.is_file():
         raise DatasetError(f"spec.rollout.dataset.path {path!r} does not exist or is not a file")
-    kind = _format_of(p, fmt)
+    kind = _format_of(p, None if fmt == "chat" else fmt)
     if kind == "jsonl":
         records = []
         with p.open(encoding="utf-8") as f:
@@ -78,7 +80,26 @@ def read_records(path: str, fmt: str | None = None) -> list[dict[str, Any]]:
         import pyarrow.parquet as pq
 
         return pq.read_table(p).to_pylist()
-    raise DatasetError(f"spec.rollout.dataset.format {kind!r} is not supported (jsonl or parquet)")
+    raise DatasetError(f"spec.rollout.dataset.format {kind!r} is not supported (jsonl, parquet or chat)")
+
+
+def check_messages(value: Any, field: str, row: int) -> list[dict[str, Any]]:
+    """A chat row's conversation: a non-empty list of {role, content}; else a DatasetError naming the field."""
+    where = f"spec.rollout.dataset.messagesField {field!r} of row {row}"
+    if not isinstance(value, list) or not value:
+        raise DatasetError(f"{where}: expected a non-empty list of messages, got {type(value).__name__}")
+    for i, m in enumerate(value):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or "content" not in m:
+            raise DatasetError(f"{where}: message {i} is not an object with role and content")
+    return value
+
+
+def last_user_text(messages: list[dict[str, Any]]) -> str:
+    """What a reward sees as the prompt of a chat row: the last user message's content."""
+    for m in reversed(messages):
+        if m.get("role") == "user":
+            return str(m.get("content", ""))
+    return str(messages[-1].get("content", ""))
 
 
 class PromptDataset:
@@ -90,15 +111,21 @@ class PromptDataset:
         shuffle: bool = True,
         seed: int = 0,
         source: str = "<memory>",
+        messages_field: str | None = None,
     ) -> None:
         if not records:
             raise DatasetError(f"spec.rollout.dataset.path {source!r} holds no prompts")
-        missing = [i for i, r in enumerate(records) if prompt_field not in r]
+        field, spec_field = (messages_field, "messagesField") if messages_field else (prompt_field, "promptField")
+        missing = [i for i, r in enumerate(records) if field not in r]
         if missing:
             raise DatasetError(
-                f"spec.rollout.dataset.promptField {prompt_field!r} is missing from {len(missing)} rows of "
+                f"spec.rollout.dataset.{spec_field} {field!r} is missing from {len(missing)} rows of "
                 f"{source!r} (first: row {missing[0]})"
             )
+        if messages_field:
+            for i, r in enumerate(records):
+                check_messages(r[messages_field], messages_field, i)
+        self.messages_field = messages_field
         self._records = records
         self.prompt_field = prompt_field
         self.label_field = label_field
@@ -108,8 +135,9 @@ class PromptDataset:
         self._order_cache: tuple[int, np.ndarray] | None = None
 
     @classmethod
-    def from_path(cls, path: str, fmt: str | None = None, **kwargs: Any) -> PromptDataset:
-        return cls(read_records(path, fmt), source=path, **kwargs)
+    def from_path(cls, path: str, fmt: str | None = None, messages_field: str = "messages", **kwargs: Any) -> PromptDataset:
+        """Chat (fmt "chat") rows carry their conversation in `messages_field`."""
+        return cls(read_records(path, fmt), source=path, messages_field=messages_field if fmt == "chat" else None, **kwargs)
 
     def __len__(self) -> int:
         return len(self._records)
@@ -126,6 +154,9 @@ class PromptDataset:
     def prompt(self, index: int) -> Prompt:
         rec = self._records[index]
         label = rec.get(self.label_field) if self.label_field else None
+        if self.messages_field:
+            messages = rec[self.messages_field]
+            return Prompt(index=index, text=last_user_text(messages), label=label, record=rec, messages=messages)
         return Prompt(index=index, text=str(rec[self.prompt_field]), label=label, record=rec)
 
     @property

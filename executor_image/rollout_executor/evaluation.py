@@ -83,6 +83,8 @@ class EvalTask:
     reward_name: str
     reward_args: dict[str, Any]
     vocab: VocabInfo | None
+    scorer: Callable[[RewardInput], Awaitable[float]] | None = None  # the executor's (worker pool, timeout)
+    render: Callable[[list[dict[str, Any]]], list[int]] | None = None  # chat rows: the chat template's token ids
 
 
 def skipped(rollout_id: int, reason: str, detail: str = "") -> dict[str, Any]:
@@ -94,7 +96,8 @@ async def score_prompts(rollout_id: int, gen: Generator, task: EvalTask) -> tupl
 
     async def one(i: int, s: int, p: Prompt) -> tuple[float, int]:
         key = SampleKey(rollout_id, i, s)
-        c = await gen.complete(key, p.text, task.sampling)
+        prompt: str | list[int] = p.text if p.messages is None or task.render is None else task.render(p.messages)
+        c = await gen.complete(key, prompt, task.sampling)
         ri = RewardInput(
             key=key,
             prompt=p.text,
@@ -106,6 +109,8 @@ async def score_prompts(rollout_id: int, gen: Generator, task: EvalTask) -> tupl
             vocab=task.vocab,
             record=p.record,
         )
+        if task.scorer is not None:
+            return await task.scorer(ri), c.weight_version
         return await score(task.reward_fn, task.reward_name, ri, task.reward_args), c.weight_version
 
     n = task.samples_per_prompt

@@ -22,6 +22,7 @@ from rljob_client.wire.trainbatch import TrainBatch
 from rollout_executor.batching import build_batch, check_groups_complete
 from rollout_executor.config import ExecutorConfig
 from rollout_executor.dataset import Position, Prompt, PromptDataset
+from rollout_executor.engine_client import EngineClient, Tokenizer
 from rollout_executor.evaluation import (
     EvalFleetProvider,
     EvalRecorder,
@@ -31,6 +32,7 @@ from rollout_executor.evaluation import (
     record_request,
     run_eval,
 )
+from rollout_executor.failures import SampleFailure, check_budget
 from rollout_executor.generation import (
     EndpointsProvider,
     EnginePool,
@@ -40,7 +42,14 @@ from rollout_executor.generation import (
     static_endpoints,
 )
 from rollout_executor.metrics import ExecutorMetrics
-from rollout_executor.rewards import load_reward, score, success_threshold
+from rollout_executor.rewards import RewardError, Scorer, load_reward, success_threshold
+from rollout_executor.rollout_api import (
+    DEFAULT_FUNCTION,
+    MalformedSample,
+    PromptRow,
+    RolloutSample,
+    check_sample,
+)
 from rollout_executor.samples import Sample, SampleKey, VocabInfo
 from rollout_executor.staleness import VersionTracker, parse_version
 from rollout_executor.state import ExecutorState, PendingRollout, load_state, save_state
@@ -58,6 +67,7 @@ class Rollout:
     start: Position
     end: Position
     samples: dict[SampleKey, Sample] = field(default_factory=dict)
+    failures: dict[SampleKey, SampleFailure] = field(default_factory=dict)
     task: asyncio.Task[None] | None = None
     batch: TrainBatch | None = None
     fetched_ranks: set[int] = field(default_factory=set)
@@ -89,19 +99,28 @@ class RolloutExecutor:
         self.dataset = dataset or PromptDataset.from_path(
             config.dataset_path,
             config.dataset_format,
+            messages_field=config.messages_field,
             prompt_field=config.prompt_field,
             label_field=config.label_field,
             shuffle=config.shuffle,
             seed=config.seed,
         )
         self.eval_dataset = (
-            PromptDataset.from_path(config.eval_dataset_path, prompt_field=config.prompt_field, label_field=config.label_field, shuffle=False)
+            PromptDataset.from_path(config.eval_dataset_path, config.dataset_format if config.dataset_format == "chat" else None,
+                                    messages_field=config.messages_field, prompt_field=config.prompt_field,
+                                    label_field=config.label_field, shuffle=False)
             if config.eval_dataset_path
             else self.dataset
         )
         self.vocab = vocab or (VocabInfo.from_model_dir(config.tokenizer_path) if config.tokenizer_path else None)
         self.reward_name = config.reward_function
-        self.reward_fn = load_reward(config.reward_function)
+        self.scorer = Scorer(config.reward_function, config.reward_args, workers=config.reward_workers,
+                             timeout_seconds=config.reward_timeout_seconds)
+        self.reward_fn = self.scorer.fn
+        self.failures_by_reason: dict[str, int] = {}
+        self.rollout_name = config.rollout_function or DEFAULT_FUNCTION
+        self.rollout_fn = load_reward(self.rollout_name, "spec.rollout.function")
+        self._tok: Tokenizer | None = None
         self.versions = VersionTracker(max_staleness=config.max_staleness)
         self.rollouts: dict[int, Rollout] = {}
         self.sampling = SamplingParams(max_tokens=config.max_tokens, temperature=config.temperature, top_p=config.top_p)
@@ -122,6 +141,9 @@ class RolloutExecutor:
     async def start(self) -> None:
         if self._session is not None:
             return
+        await self.scorer.start()
+        if self.config.dataset_format == "chat":  # off the loop, and a missing tokenizer fails the start
+            await asyncio.to_thread(self.tokenizer)
         self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
         self._gate = WeightGate(version=self.versions.current)
         pool = EnginePool(
@@ -149,6 +171,7 @@ class RolloutExecutor:
         if self._session is not None:
             await self._session.close()
             self._session = None
+        await self.scorer.close()
 
     @property
     def generator(self) -> Generator:
@@ -176,36 +199,136 @@ class RolloutExecutor:
             SampleKey(ro.rollout_id, g, s)
             for g in range(len(ro.prompts))
             for s in range(n)
-            if SampleKey(ro.rollout_id, g, s) not in ro.samples
+            if SampleKey(ro.rollout_id, g, s) not in ro.samples and SampleKey(ro.rollout_id, g, s) not in ro.failures
         ]
 
-    async def _one(self, ro: Rollout, key: SampleKey) -> None:
+    def tokenizer(self) -> Tokenizer:
+        """The model's tokenizer, loaded on first use (chat templates, a rollout function's encode/decode)."""
+        if self._tok is None:
+            if not self.config.tokenizer_path:
+                raise RuntimeError("no tokenizer: set spec.model.tokenizer (or spec.model.path)")
+            try:
+                from transformers import AutoTokenizer
+            except ImportError as e:
+                raise RuntimeError("chat prompts and a rollout function's tokenizer need the transformers package "
+                                   f"in the executor's environment: {e}") from e
+            self._tok = AutoTokenizer.from_pretrained(self.config.tokenizer_path)
+        return self._tok
+
+    def render(self, messages: list[dict[str, Any]]) -> list[int]:
+        """A chat row's prompt: the model's chat template, with the generation prompt, as token ids."""
+        return EngineClient(self.generator, SampleKey(-1, -1, -1), self.tokenizer).render(messages)
+
+    def _row(self, ro: Rollout, key: SampleKey, n: int) -> PromptRow:
+        p = ro.prompts[key.group]
+        return PromptRow(key=key, index=p.index, text=p.text, messages=p.messages, label=p.label, record=p.record, n=n)
+
+    async def _call(self, ro: Rollout, key: SampleKey, n: int) -> list[RolloutSample]:
+        """The rollout function's samples for `key` (n of them from key.sample on), validated;
+        MalformedSample, TimeoutError or the function's own exception otherwise."""
+        client = EngineClient(self.generator, key, self.tokenizer)
+        row = self._row(ro, key, n)
+        args = self.config.rollout_function_args
+        if self.config.rollout_function is None:  # the default: bounded by the generator's own timeouts
+            out = await self.rollout_fn(client, row, **args)
+        else:
+            out = await asyncio.wait_for(self.rollout_fn(client, row, **args), self.config.rollout_function_timeout_seconds)
+        if self.config.rollout_function_per_group and not isinstance(out, list | tuple):
+            raise MalformedSample(f"returned {type(out).__name__}, not a list of samples (functionPerGroup)")
+        got = list(out) if self.config.rollout_function_per_group else [out]
+        if len(got) != n:
+            raise MalformedSample(f"returned {len(got)} samples for a group of {n}")
+        default_version = min(client.versions) if client.versions else None
+        return [self._stamp(check_sample(s, default_version), default_version) for s in got]
+
+    @staticmethod
+    def _stamp(s: RolloutSample, version: int | None) -> RolloutSample:
+        if s.weight_versions is None:
+            s.weight_versions = [version] * len(s.response_token_ids) if version is not None else []
+        return s
+
+    async def _one(self, ro: Rollout, key: SampleKey, n: int = 1) -> None:
+        """Samples key.sample .. key.sample+n-1 of a group: the rollout function, then the reward."""
         prompt = ro.prompts[key.group]
-        c = await self.generator.complete(key, prompt.text)
+        keys = [SampleKey(key.rollout_id, key.group, key.sample + i) for i in range(n)]
+        try:
+            outs = await self._call(ro, key, n)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            reason = "timeout" if isinstance(e, TimeoutError) else "malformed" if isinstance(e, MalformedSample) else "error"
+            what = (f"timed out after {self.config.rollout_function_timeout_seconds:g}s" if reason == "timeout"
+                    else f"returned a malformed sample: {e}" if reason == "malformed" else f"raised {type(e).__name__}: {e}")
+            if self.config.rollout_function is None:
+                raise  # single-turn generation: the engines failed, the rollout fails as it always has
+            for k in keys:
+                if k not in ro.samples and k not in ro.failures:
+                    self._fail(ro, SampleFailure(k, prompt.index, "rollout", reason,
+                                                 f"rollout function {self.rollout_name} {what} for {k} (prompt {prompt.index})",
+                                                 dropped=True))
+            return
+        if n == 1:  # no task of its own for the one sample: the default path's per-sample cost
+            await self._score(ro, keys[0], prompt, outs[0])
+        else:
+            await asyncio.gather(*(self._score(ro, k, prompt, o) for k, o in zip(keys, outs, strict=True)))
+
+    async def _score(self, ro: Rollout, key: SampleKey, prompt: Prompt, o: RolloutSample) -> None:
+        versions = o.weight_versions or []
         sample = Sample(
             key=key,
             prompt_index=prompt.index,
             prompt=prompt.text,
             label=prompt.label,
-            prompt_token_ids=c.prompt_token_ids,
-            response_token_ids=c.token_ids,
-            response_logprobs=c.logprobs,
-            response=c.text,
-            finish_reason=c.finish_reason,
-            weight_version=c.weight_version,
-            engine=c.engine,
+            prompt_token_ids=o.prompt_token_ids,
+            response_token_ids=o.response_token_ids,
+            response_logprobs=o.logprobs,
+            response=o.response,
+            finish_reason=o.finish_reason,
+            weight_version=min(versions) if versions else self.versions.current,
+            engine=o.engine,
             record=prompt.record,
+            loss_mask=o.loss_mask,
+            token_weight_versions=versions if versions and min(versions) != max(versions) else None,
+            metadata=o.metadata,
         )
-        sample.reward = await score(self.reward_fn, self.reward_name, sample.reward_input(self.vocab), self.config.reward_args)
+        try:
+            sample.reward = float(o.reward) if o.reward is not None else await self.scorer(sample.reward_input(self.vocab))
+        except RewardError as e:
+            if key in ro.samples or key in ro.failures:
+                self.duplicates_discarded += 1
+                return
+            self._fail(ro, SampleFailure(key, prompt.index, "reward", e.reason, str(e),
+                                         dropped=self.config.reward_on_error == "drop"))
+            if self.config.reward_on_error == "drop":
+                return
+            sample.reward = self.config.reward_error_value
         if key in ro.samples:
             self.duplicates_discarded += 1
             return
         ro.samples[key] = sample
         self.metrics.sample_scored()
 
+    def _fail(self, ro: Rollout, failure: SampleFailure) -> None:
+        """Record a failed sample (metric, log, batch meta); past the budget, fail the rollout."""
+        ro.failures[failure.key] = failure
+        label = f"{failure.source}/{failure.reason}"
+        self.failures_by_reason[label] = self.failures_by_reason.get(label, 0) + 1
+        self.metrics.sample_failed(failure.source, failure.reason)
+        log.warning("%s (prompt %d): %s%s", failure.key, failure.prompt_index, failure.message,
+                    "; dropped from its group" if failure.dropped else "")
+        check_budget(ro.failures, self.config.failure_budget, len(ro.prompts) * self.config.n_samples_per_prompt,
+                     ro.rollout_id)
+
     async def _fill(self, ro: Rollout) -> None:
         """Generate and score every missing sample; the first error cancels the rest."""
-        tasks = [asyncio.ensure_future(self._one(ro, k)) for k in self._missing(ro)]
+        missing = self._missing(ro)
+        if self.config.rollout_function_per_group:  # a group with any sample missing is made again whole
+            n = self.config.n_samples_per_prompt
+            groups = sorted({k.group for k in missing})
+            calls = [(SampleKey(ro.rollout_id, g, 0), n) for g in groups]
+        else:
+            calls = [(k, 1) for k in missing]
+        tasks = [asyncio.ensure_future(self._one(ro, k, n)) for k, n in calls]
         try:
             await asyncio.gather(*tasks)
         finally:
@@ -225,6 +348,9 @@ class RolloutExecutor:
             assert ro.task is not None
             if ro.task.done() and (ro.task.cancelled() or ro.task.exception() is not None) and ro.error_reported:
                 ro.error_reported = False
+                for k in list(ro.failures):  # a retry scores its failed samples again, within a fresh budget
+                    ro.samples.pop(k, None)
+                ro.failures.clear()
                 ro.task = asyncio.ensure_future(self._fill(ro))  # a new request after a reported failure: retry
             try:
                 await asyncio.shield(ro.task)
@@ -241,6 +367,8 @@ class RolloutExecutor:
                 dropped = [k for k in ro.samples if k.group in set(stale)]
                 for k in dropped:
                     del ro.samples[k]
+                for k in [k for k in ro.failures if k.group in set(stale)]:
+                    del ro.failures[k]  # regenerated: its record goes with it
                 self.versions.count_drop(len(stale), len(dropped))
                 ro.regenerations += 1
                 log.info("rollout %d: dropped %d stale groups (%d samples) at version %d; regenerating", ro.rollout_id, len(stale), len(dropped), self.versions.current)
@@ -250,9 +378,14 @@ class RolloutExecutor:
                 ro.task = asyncio.ensure_future(self._fill(ro))
                 continue
             samples = list(ro.samples.values())
-            check_groups_complete(samples, len(ro.prompts), self.config.n_samples_per_prompt)
+            left = [(k.group, k.sample) for k, f in ro.failures.items() if f.dropped]
+            check_groups_complete(samples, len(ro.prompts), self.config.n_samples_per_prompt, left)
+            if not samples:
+                raise RuntimeError(f"rollout {ro.rollout_id}: every sample failed and was dropped")
             batch = build_batch(samples, ro.rollout_id, self.config.n_samples_per_prompt)
             batch.meta.update(weight_version=self.versions.current, regenerations=ro.regenerations)
+            if ro.failures:
+                batch.meta["failed_samples"] = [f.to_dict() for f in sorted(ro.failures.values(), key=lambda f: f.key)]
             ro.batch = batch
             took = (ro.finished_at - ro.started_at) if ro.finished_at is not None else None
             self.metrics.batch_delivered([max(0, self.versions.current - s.weight_version) for s in samples],
@@ -319,6 +452,8 @@ class RolloutExecutor:
             reward_name=self.reward_name,
             reward_args=c.reward_args,
             vocab=self.vocab,
+            scorer=self.scorer,
+            render=self.render,
         )
 
     async def eval(self, rollout_id: int, weight_version: str | None = None,
@@ -443,6 +578,8 @@ class RolloutExecutor:
             "stale_dropped_samples": self.versions.dropped_samples,
             "stale_dropped_groups": self.versions.dropped_groups,
             "duplicates_discarded": self.duplicates_discarded,
+            "failed_samples": dict(self.failures_by_reason),
+            "reward_workers_replaced": self.scorer.pool.replaced if self.scorer.pool else 0,
             "completed_requests": g.stats.completed if g else 0,
             "retried_requests": g.stats.retried if g else 0,
             "aborted_retries": g.stats.aborted_retries if g else 0,

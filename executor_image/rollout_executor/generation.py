@@ -222,6 +222,7 @@ class SamplingParams:
     max_tokens: int
     temperature: float = 1.0
     top_p: float = 1.0
+    stop: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -318,7 +319,7 @@ class Generator:
         self._model_names[url] = name
         return name
 
-    async def _post(self, url: str, key: SampleKey, prompt: str, version: int, sampling: SamplingParams) -> Completion:
+    async def _post(self, url: str, key: SampleKey, prompt: str | list[int], version: int, sampling: SamplingParams) -> Completion:
         payload = completion_request(
             prompt,
             max_tokens=sampling.max_tokens,
@@ -329,7 +330,7 @@ class Generator:
             model=await self._model_name(url),
             stop_token_ids=None,
             ignore_eos=False,
-            extra={"top_p": sampling.top_p},
+            extra={"top_p": sampling.top_p, "stop": list(sampling.stop)} if sampling.stop else {"top_p": sampling.top_p},
         )
         try:
             async with self.session.post(f"{url}/v1/completions", json=payload, timeout=self.timeout) as r:
@@ -344,7 +345,7 @@ class Generator:
             raise EngineFailure(f"{url}: {type(e).__name__}: {e}") from e
         return sample_completion(url, key, data, version, header_version)
 
-    async def complete(self, key: SampleKey, prompt: str, sampling: SamplingParams | None = None) -> Completion:
+    async def complete(self, key: SampleKey, prompt: str | list[int], sampling: SamplingParams | None = None) -> Completion:
         """One sample, retried on other engines until it succeeds or attempts run out."""
         sampling = sampling or self.sampling
         failed: set[str] = set()

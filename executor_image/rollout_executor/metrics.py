@@ -70,6 +70,13 @@ SPECS: tuple[MetricSpec, ...] = (
         "rljob_executor_eval_reward_mean", "gauge", (*JOB, "fleet"), "Mean reward of the last evaluation."
     ),
     MetricSpec("rljob_executor_eval_pass_at_1", "gauge", (*JOB, "fleet"), "pass@1 of the last evaluation."),
+    MetricSpec(
+        "rljob_executor_sample_failures_total",
+        "counter",
+        (*JOB, "source", "reason"),
+        "Samples whose reward (source=reward) or rollout function (source=rollout) raised, timed out or "
+        "returned a malformed sample.",
+    ),
 )
 BY_NAME = {s.name: s for s in SPECS}
 SCRAPED = ("rljob_executor_requests_in_flight", "rljob_executor_requests_retried_total")
@@ -109,6 +116,9 @@ class ExecutorMetrics:
 
     def sample_scored(self) -> None:
         self._m["rljob_executor_samples_generated_total"].labels(*self.labels).inc()
+
+    def sample_failed(self, source: str, reason: str) -> None:
+        self._m["rljob_executor_sample_failures_total"].labels(*self.labels, source, reason).inc()
 
     def shard_served(self) -> None:
         self._m["rljob_executor_shards_served_total"].labels(*self.labels).inc()

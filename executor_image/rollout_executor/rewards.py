@@ -1,13 +1,17 @@
-"""Reward functions: built-ins and the loader for `spec.rollout.reward.function`.
+"""Reward functions: built-ins, the loader for `spec.rollout.reward.function`, and the Scorer.
 
 A reward is `fn(sample: RewardInput, **args) -> float` (sync or async), named by an import
-path `module:function`; `args` come from `spec.rollout.reward.args`. `score` wraps the call
-so that a reward that raises, or returns something that is not a finite number, stops the
-rollout with a RewardError naming the function and the sample, never a hang or a silent 0.
+path `module:function`; `args` come from `spec.rollout.reward.args`. `score` wraps one call
+so that a reward that raises, or returns something that is not a finite number, is a
+RewardError naming the function and the sample, never a hang or a silent 0. The `Scorer`
+runs each call where it cannot stall generation: an async reward on the event loop, a
+synchronous one in a RewardPool worker process (the built-ins here, pure and fast, inline),
+each bounded by a timeout.
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import inspect
 import math
@@ -19,27 +23,33 @@ from typing import Any
 import numpy as np
 from rljob_client.errors import RLJobError
 
+from rollout_executor.rewardpool import RewardCallError, RewardPool, RewardPoolStartError
 from rollout_executor.samples import RewardInput, VocabInfo
 
 RewardFn = Callable[..., Any]
 
 
 class RewardError(RLJobError):
-    """The reward function failed for a sample; the message names both."""
+    """The reward function failed for a sample; the message names both. `reason`: error,
+    timeout, worker_died or not_a_number (the label of the failure metric)."""
+
+    def __init__(self, message: str, reason: str = "error") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
-def load_reward(path: str) -> RewardFn:
-    """Import `module:function`; a clear error names `spec.rollout.reward.function`."""
+def load_reward(path: str, field: str = "spec.rollout.reward.function") -> RewardFn:
+    """Import `module:function`; a clear error names the spec field (and carries the import error)."""
     module_name, sep, attr = path.partition(":")
     if not sep or not module_name or not attr:
-        raise RewardError(f"spec.rollout.reward.function {path!r}: expected 'module:function'")
+        raise RewardError(f"{field} {path!r}: expected 'module:function'")
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
-        raise RewardError(f"spec.rollout.reward.function {path!r}: cannot import {module_name!r}: {e}") from e
+        raise RewardError(f"{field} {path!r}: cannot import {module_name!r}: {e}") from e
     fn = getattr(module, attr, None)
     if fn is None or not callable(fn):
-        raise RewardError(f"spec.rollout.reward.function {path!r}: {module_name} has no function {attr!r}")
+        raise RewardError(f"{field} {path!r}: {module_name} has no function {attr!r}")
     return fn
 
 
@@ -50,13 +60,60 @@ async def score(fn: RewardFn, name: str, sample: RewardInput, args: dict[str, An
             value = await value
     except Exception as e:
         raise RewardError(f"reward function {name} raised {type(e).__name__}: {e} for {sample.key} (prompt {sample.prompt[:80]!r})") from e
+    return as_reward(value, name, sample)
+
+
+def as_reward(value: Any, name: str, sample: RewardInput) -> float:
+    """The value as a finite float, or a RewardError (reason not_a_number) naming both."""
     try:
         out = float(value)
     except (TypeError, ValueError) as e:
-        raise RewardError(f"reward function {name} returned {value!r}, not a number, for {sample.key}") from e
+        raise RewardError(f"reward function {name} returned {value!r}, not a number, for {sample.key}", "not_a_number") from e
     if not math.isfinite(out):
-        raise RewardError(f"reward function {name} returned {out} for {sample.key} (prompt {sample.prompt[:80]!r}); rewards must be finite")
+        raise RewardError(f"reward function {name} returned {out} for {sample.key} (prompt {sample.prompt[:80]!r}); rewards must be finite", "not_a_number")
     return out
+
+
+BUILTIN_PREFIX = "rollout_executor.rewards:"
+
+
+class Scorer:
+    """One reward function, called so that it never stalls generation, each call bounded in time."""
+
+    def __init__(self, name: str, args: dict[str, Any], workers: int = 2, timeout_seconds: float = 60.0,
+                 fn: RewardFn | None = None) -> None:
+        self.name = name
+        self.fn = fn if fn is not None else load_reward(name)
+        self.args = args
+        self.timeout_seconds = timeout_seconds
+        self.is_async = inspect.iscoroutinefunction(self.fn)
+        self.inline = self.is_async or name.startswith(BUILTIN_PREFIX) or fn is not None
+        self.pool: RewardPool | None = None if self.inline else RewardPool(name, workers, timeout_seconds)
+
+    async def start(self) -> None:
+        if self.pool is not None:
+            try:
+                await self.pool.start()
+            except RewardPoolStartError as e:
+                raise RewardError(f"spec.rollout.reward.function {self.name!r}: {e}") from e
+
+    async def close(self) -> None:
+        if self.pool is not None:
+            await self.pool.close()
+
+    async def __call__(self, sample: RewardInput) -> float:
+        if self.pool is None:
+            if not self.is_async:
+                return await score(self.fn, self.name, sample, self.args)
+            try:
+                return await asyncio.wait_for(score(self.fn, self.name, sample, self.args), self.timeout_seconds)
+            except TimeoutError:
+                raise RewardError(f"reward function {self.name} timed out after {self.timeout_seconds:g}s for {sample.key}", "timeout") from None
+        try:
+            value = await self.pool.call(sample, self.args)
+        except RewardCallError as e:
+            raise RewardError(f"reward function {self.name} {e} for {sample.key} (prompt {sample.prompt[:80]!r})", e.reason) from e
+        return as_reward(value, self.name, sample)
 
 
 # ---- built-ins -----------------------------------------------------------------------------

@@ -80,6 +80,9 @@ class Sample:
     engine: str
     reward: float | None = None
     record: dict[str, Any] = field(default_factory=dict)
+    loss_mask: list[int] | None = None  # per response token; None: every token is trained on
+    token_weight_versions: list[int] | None = None  # per response token, when not all `weight_version`
+    metadata: dict[str, Any] = field(default_factory=dict)  # the rollout function's, for the trainer
 
     def reward_input(self, vocab: VocabInfo | None) -> RewardInput:
         return RewardInput(

@@ -25,7 +25,8 @@ import pytest_asyncio
 from rollout_executor.batching import group_advantages
 from rollout_executor.config import EngineSource, ExecutorConfig
 from rollout_executor.executor import RolloutExecutor
-from rollout_executor.rewards import RewardError, token_set
+from rollout_executor.failures import FailureBudgetExceeded
+from rollout_executor.rewards import token_set
 from rollout_executor.samples import RewardInput, VocabInfo
 
 from controller_runtime.api.control import EvalFleetResponse
@@ -220,10 +221,11 @@ def nan_reward(sample: RewardInput) -> float:
 
 
 @pytest.mark.parametrize(("fn", "match"), [("failing_reward", "raised ZeroDivisionError: boom"), ("nan_reward", "returned nan")])
-async def test_bad_reward_is_a_clear_error(dataset: Path, tmp_path: Path, standin: StandIn, make_executor, fn: str, match: str) -> None:
-    cfg = config(dataset, tmp_path, [standin.url], reward_function=f"tests.integration.test_executor:{fn}", reward_args={})
+async def test_bad_reward_past_the_failure_budget_is_a_clear_error(dataset: Path, tmp_path: Path, standin: StandIn, make_executor, fn: str, match: str) -> None:
+    cfg = config(dataset, tmp_path, [standin.url], reward_function=f"tests.integration.test_executor:{fn}", reward_args={},
+                 failure_budget=0.0, reward_workers=1)
     ex = await make_executor(cfg)
-    with pytest.raises(RewardError, match=rf"reward function tests\.integration\.test_executor:{fn} {match}.*rollout 0 group \d sample \d"):
+    with pytest.raises(FailureBudgetExceeded, match=rf"spec\.rollout\.failureBudget 0 .*first: reward function tests\.integration\.test_executor:{fn} {match}.*rollout 0 group \d sample \d"):
         await asyncio.wait_for(ex.get_batch(0), timeout=60)
 
 

@@ -121,7 +121,8 @@ def test_schema_is_structural(schema: dict[str, Any]) -> None:
 def test_unknown_fields_are_not_preserved_in_spec(schema: dict[str, Any]) -> None:
     """Only free-form blocks keep unknown fields; everything else is pruned (and rejected by kubectl)."""
     preserved = {path for path, node in ours(schema["properties"]["spec"]) if node.get("x-kubernetes-preserve-unknown-fields")}
-    assert preserved == {".inference.placement.affinity", ".trainer.placement.affinity", ".rollout.reward.args"}
+    assert preserved == {".inference.placement.affinity", ".trainer.placement.affinity", ".rollout.reward.args",
+                         ".rollout.functionArgs"}
 
 
 def test_every_spec_and_status_field_is_described(schema: dict[str, Any]) -> None:
@@ -265,6 +266,7 @@ def test_every_spec_field_survives_pruning(schema: dict[str, Any]) -> None:
     raw = sample(RLJobSpec)
     raw["rollout"]["reward"]["function"] = "module:function"
     raw["inference"]["engine"] = "sglang"  # a name of the engine table (the field is a str checked against it)
+    raw["rollout"]["function"] = "module:rollout"
     del raw["trainer"]["command"]  # exclusive with workloadRef
     raw["trainer"]["colocate"] = False  # refused when true
     raw["trainer"]["workloadRef"].update(apiVersion="batch/v1", kind="Job")  # a kind the operator follows

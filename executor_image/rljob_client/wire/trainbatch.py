@@ -17,6 +17,10 @@ Arrays (N samples, L = longest prompt+response in the batch):
   prompt_indices   int64   [N]     dataset row of the prompt
   group_indices    int32   [N]     GRPO group within the rollout (one group per prompt)
   sample_indices   int32   [N]     sample within its group
+Optional, from a rollout function (absent otherwise; readers must not require them):
+  token_weight_versions int64 [N, L] weight version of each response token, 0 elsewhere
+  meta["sample_metadata"]            one JSON object per row, the rollout function's
+  meta["failed_samples"]             samples whose reward or rollout function failed
 """
 
 from __future__ import annotations
