@@ -3,9 +3,10 @@ them: the image's own user (numeric, non-root, the uid the pods' securityContext
 read-only root where the chart sets one (with the emptyDir /tmp it mounts), the command the
 pod spec gives, and the image's ENTRYPOINT on its own as `docker run IMAGE --help` would.
 
-Skipped unless run as root with buildah and runc installed and the image built
-(`scripts/build-images`); each image is skipped on its own, so the operator's can be checked
-before torch's images exist.
+A tier of its own (`RLJOB_TEST_IMAGES=1 pytest -m images tests/integration/test_images.py`, after
+`scripts/build-images`); deselected otherwise. Skipped unless run as root with buildah and runc
+installed and the image built; each image is skipped on its own, so the operator's can be
+checked before torch's images exist.
 """
 
 from __future__ import annotations
@@ -18,11 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from rljob_operator.manifests.engine import VLLM_MODULE
 from rljob_operator.manifests.executor import EXECUTOR_MODULE
 from rljob_operator.manifests.podsecurity import NON_ROOT_UID
 from rljob_operator.manifests.trainer import TRAINER_MODULE
 
+from controller_runtime.engines import VLLM_MODULE
+
+pytestmark = pytest.mark.images
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "scripts" / "build-images"
 
