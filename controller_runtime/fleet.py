@@ -154,8 +154,7 @@ class Fleet:
         """A validated state move, audited and announced; False when the cell was already there.
 
         `announce=False`: audited only, for moves that a fleet-wide operation announces once
-        (offload, onload): an Event per cell made 34 Event writes of one offload/onload of 16
-        cells, half the API writes the pair caused (issue 13)."""
+        (offload, onload): an Event per cell would be most of the API writes such an operation causes."""
         source = cell.state
         if not cell.transition(target, self.clock.now(), message):
             return False
@@ -197,15 +196,15 @@ class Fleet:
         return revoked
 
     async def sync_serving_all(self, cells: Iterable[Cell]) -> None:
-        """`sync_serving` of many cells at once: each is an API round trip or two on Kubernetes, and
-        16 cells one after another made an offload of 16 engines cost half a second more."""
+        """`sync_serving` of many cells at once: each is an API round trip or two on Kubernetes, which
+        one after another would add up on a fleet-wide offload."""
         await asyncio.gather(*(self.sync_serving(c) for c in cells))
 
     def label_created(self, name: str, admit: bool = False) -> None:
         """Every pod of a cell was just created with the serving label `admit` (not serving unless
-        asked): the first sync has nothing to write. (It wrote `false` onto every new pod, a list
-        and a patch per pod, one cell after another: at 10 jobs, 10 s of a 33 s ramp, issue 13.)
-        An admitted cell keeps its label while it starts and when it comes to serve: no write."""
+        asked): the first sync has nothing to write, where writing `false` onto every new pod would
+        cost a list and a patch per pod. An admitted cell keeps its label while it starts and when
+        it comes to serve: no write."""
         self._serving_label[name] = admit
         if admit:
             self._admitted.add(name)
@@ -220,10 +219,10 @@ class Fleet:
 
     def start_serving_sync(self, cell: Cell) -> asyncio.Task[None] | None:
         """Decide (under the mutex) whether the cell's label must change, and start the write; the
-        caller may leave the mutex before awaiting it. Each label PATCH used to be awaited under the
-        mutex, so a job's four cells, answering their probes together, became Serving one PATCH
-        after another (issue 13). One write per cell at a time, so two PATCHes of one cell never
-        race: a decision taken while one is out waits for it, and it re-checks the cell when done."""
+        caller may leave the mutex before awaiting it, so a job's cells that answer their probes
+        together become Serving together, not one PATCH after another. One write per cell at a
+        time, so two PATCHes of one cell never race: a decision taken while one is out waits for
+        it, and it re-checks the cell when done."""
         running = self._label_writes.get(cell.name)
         if running is not None:
             return running

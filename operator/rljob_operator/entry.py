@@ -11,8 +11,6 @@ modules are imported.
 - The cyclic GC freezes what lives as long as the process and collects its youngest generation
   every 20,000 allocations instead of 700, so that the bodies and answers the operator replaces
   every few seconds die young instead of making full collections stop the event loop.
-
-The measurements behind each are in `bench/RESULTS.md`.
 """
 
 from __future__ import annotations

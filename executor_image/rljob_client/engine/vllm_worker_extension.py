@@ -81,8 +81,8 @@ def transfer_cpus() -> set[int]:
 
     vLLM's CPU worker binds its thread, and so every thread it starts, to its OpenMP cores; the
     receive thread and gloo's own threads then share one core with the load they overlap.
-    Whether moving them pays depends on who else uses the other cores (bench/RESULTS.md). On
-    GPU workers nothing is pinned and this changes nothing.
+    Whether moving them pays depends on who else uses the other cores. On GPU workers nothing is
+    pinned and this changes nothing.
     """
     try:
         pinned = os.sched_getaffinity(0)
@@ -197,9 +197,9 @@ class WeightTransferExtension:
     _rljob_backend: str = "gloo"
     _rljob_timeout_s: float = 60.0
     _rljob_received: dict[str, str] = {}
-    # transfer threads off vLLM's compute cores (transfer_cpus): off by default, because on the
-    # 2-core bench machine the other core is the trainer's and spreading measured slower
-    # (bench/RESULTS.md); where an engine has cores to spare, `set_weight_transfer_cpus(True)`
+    # transfer threads off vLLM's compute cores (transfer_cpus): off by default, because where the
+    # other cores are busy (the trainer's, on a small machine) spreading is slower; where an
+    # engine has cores to spare, `set_weight_transfer_cpus(True)`
     _rljob_spread: bool = False
 
     def _rljob_transfer_cpus(self) -> set[int]:
@@ -270,8 +270,8 @@ class WeightTransferExtension:
 
         ahead = ReceiveAhead(group, buckets, device, timeout, digests if want_digest else None,
                              self._rljob_transfer_cpus())
-        # where the update's time goes (bench/RESULTS.md's breakdown): waiting for the link,
-        # and the rest of the reload (vLLM's load_weights and re-processing)
+        # where the update's time goes: waiting for the link, and the rest of the reload (vLLM's
+        # load_weights and re-processing)
         spent = {"wait": 0.0}
 
         def received() -> Iterator[tuple[str, torch.Tensor]]:

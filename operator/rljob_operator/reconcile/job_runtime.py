@@ -71,11 +71,9 @@ class Seen:
 def pod_wakes_job(pod: Mapping[str, Any], job_waits_on_pods: bool) -> bool:
     """Whether an engine pod's watch event is news for its job's loop.
 
-    Without it a cell waits for its pods by polling: Pending -> Starting is seen up to a poll
-    (1 s) after kwok or a kubelet made the pods run, so 1 RLJob was Ready in 3.9 s where KubeRay's
-    RayCluster, which watches its pods, took 0.4 s (issue 13). Not news: events of a job none of
-    whose cells waits for pods, unless the pod failed or is going away (what makes a Serving
-    cell Unhealthy); so our own label patches of serving pods wake nothing.
+    Without it a cell waits for its pods by polling and sees them run up to a poll late. Not news:
+    events of a job none of whose cells waits for pods, unless the pod failed or is going away
+    (what makes a Serving cell Unhealthy); so our own label patches of serving pods wake nothing.
     """
     meta = pod.get("metadata") or {}
     phase = (pod.get("status") or {}).get("phase")
@@ -86,10 +84,9 @@ def wake_key(body: Mapping[str, Any]) -> tuple[Any, ...]:
     """What of an RLJob a pass acts on besides its status: the spec (by its generation), the
     labels (Kueue's queue name) and the deletion mark.
 
-    Every status write of ours comes back as a watch event; waking for it ran one more full
-    pass (a pod list, the steps, a status diff) per write: during a 1,000-job ramp, about one
-    extra pass per pass (issue 13). An event whose key equals the one the last pass started
-    from has nothing new for a pass.
+    Every status write of ours comes back as a watch event, and waking for it would run one more
+    full pass per write. An event whose key equals the one the last pass started from has
+    nothing new for a pass.
     """
     meta = body.get("metadata") or {}
     labels = meta.get("labels") or {}
@@ -204,14 +201,11 @@ class JobRuntime:
     def spec(self) -> RLJobSpec:
         """The spec as the user wrote it; validated once per pass, and once per spec.
 
-        A pass reads it several times (its steps, the manifests of two steps, Kueue's Workload,
-        the status it writes), and validating an RLJobSpec costs ~90 us: at steady state
-        with 300 jobs that was a quarter of the event loop's busy time (py-spy, bench/RESULTS.md).
-        The pass acts on one snapshot; a spec edit during the pass wakes the next one.
-        Once per pass was still a fifth of the loop at 1,000 jobs (158 passes/s, each validation
-        5x dearer with the API threads contending for the GIL), so the validated spec is kept
-        across passes with a copy of what it was validated from; comparing the two dicts costs
-        a few microseconds in C, and any edit, in place or a new body, makes them differ."""
+        A pass reads it several times (its steps, the manifests, Kueue's Workload, the status it
+        writes), and validation is dear enough to show in the event loop's busy time, so the
+        pass acts on one snapshot (a spec edit during the pass wakes the next one). The validated
+        spec is kept across passes with a copy of what it was validated from: comparing the two
+        dicts is far cheaper than validating, and any edit, in place or a new body, makes them differ."""
         memo = self._pass_specs
         if memo is not None and memo.user is not None:
             return memo.user
@@ -266,10 +260,9 @@ class JobRuntime:
         """Wake for an engine pod's watch event when a pass has something to do with it, in
         `POD_WAKE_SECONDS`, together with the events of the job's pods that come meanwhile.
 
-        Woken at once for each event, a job ran a pass per pod event of a burst (its 8 pods
-        scheduled, then running, within milliseconds), each writing the status when a cell moved:
-        5.5 status writes per RLJob in an N=300 ramp against 3.6 while kopf delivered the events
-        (its own per-object batching, 0.1 s) (bench/RESULTS.md)."""
+        Woken at once for each event, a job would run a pass per pod event of a burst (its pods
+        scheduled, then running, within milliseconds), each writing the status when a cell moved;
+        batching the burst gives one pass and one write."""
         controller = self.fleet.controller
         waiting = controller is None or any(c.state in WAITS_ON_PODS for c in controller.fleet.all())
         if pod_wakes_job(pod, waiting) and self._pod_wake is None:
@@ -430,7 +423,7 @@ class JobRuntime:
     def _forget_caught_up_listing(self) -> None:
         """Drop the relist's copy once kopf's view is as new (by generation): `body` never picks it
         again (a generation never goes back), and it is a whole RLJob, status and managedFields
-        included (~15 KB, bench/job_memory.py), kept for the runtime's life after one lost event."""
+        included, which would otherwise be kept for the runtime's life after one lost event."""
         if self._listed is not None and _generation(self._listed) <= _generation(self.watched):
             self._listed = None
 
@@ -487,14 +480,10 @@ class JobRuntime:
         """Until the next pass is due (or something wakes the loop), starting the engine probes
         that fall due meanwhile, without a pass.
 
-        A job's probes used to be started by passes: the controller asked for a pass whenever a
-        cell's probe fell due, and a job whose 4 cells became Serving at different times ran up
-        to 4 whole passes per probe interval (the children step, Kueue, the status diff) to start
-        4 probes. At 1,000 jobs that was 158 passes/s where the 10 s resync asks for 100, and the
-        passes and probes held the event loop and the GIL most of the time (py-spy): a changed
-        job waited seconds for its turn, and once the Lease renewal too (its rounds 4-8 s apart
-        against 2). A probe's verdict that changes a cell still wakes a pass
-        (`EngineFleet._on_controller_event`)."""
+        A probe falling due is not worth a pass: a job whose cells became Serving at different
+        times would run a whole pass (the children step, Kueue, the status diff) per probe, and
+        those passes crowd out the changed jobs and the Lease renewal on a large fleet. A probe's
+        verdict that changes a cell still wakes a pass (`EngineFleet._on_controller_event`)."""
         end = time.monotonic() + seconds
         while True:
             left = end - time.monotonic()

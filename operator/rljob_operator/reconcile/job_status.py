@@ -283,17 +283,16 @@ def quiet_delta(stored: Mapping[str, Any] | None, delta: Mapping[str, Any], now:
     (`rljob_cell_last_probe_age_seconds`, `rljob_cell_consecutive_probe_failures`) carry it live:
 
     - cells' `lastProbeTime`: a health probe that changed nothing must cost the API server
-      nothing (at 1,000 jobs of 4 cells probed every 10 s, writing it was 100 status patches a
-      second, issue 13);
+      nothing, and every job's cells are probed all the time;
     - a failed probe below `failureThreshold` (`consecutiveFailures` 0 -> k, the state
       unchanged): under load probes time out, and writing each failure (and the success that
-      reset it) was 517-634 status patches of an N=1,000 ramp on the API server that was its
-      bottleneck. The kubelet flips a pod's readiness at the threshold, not at each failure. A
-      count already written (it went out with another change) is kept true: its reset is written;
+      reset it) loads the API server just when it is the bottleneck. The kubelet flips a pod's
+      readiness at the threshold, not at each failure. A count already written (it went out
+      with another change) is kept true: its reset is written;
     - a Pending cell's pod names and endpoint, for its first `PENDING_QUIET_SECONDS`: they come
       in as the pods are made and scheduled, a pass or two before the cell starts, and written
-      each on its own they were 37-46 % of an N=300 ramp's status patches (bench/RESULTS.md,
-      "Status writes of the ramp"). A cell Pending longer has them written.
+      each on its own they would be a large share of a ramp's status writes. A cell Pending
+      longer has them written.
     """
     if set(delta) != {"engines"} or not isinstance(delta["engines"], list):
         return False
@@ -322,12 +321,11 @@ def is_news(c: Mapping[str, Any]) -> bool:
 def startup_progress(stored: Mapping[str, Any] | None, status: Mapping[str, Any], delta: Mapping[str, Any]) -> bool:
     """Whether `delta` only tells that some cells began serving while others of the job still start.
 
-    Such a change may wait up to `STARTUP_HOLD_SECONDS` for the rest (`StatusWriter`): in an
-    N=1,000 ramp 943 of 982 such writes were followed by the job's all-serving write within
-    2 s (p50 0.31 s), so one write told what two did, on an API server whose CPU the ramp
-    waits for (an RLJob status write costs it 17-19 ms, bench/RESULTS.md). The write that
-    makes the job Ready, any cell that goes elsewhere (Unhealthy, Failed, PendingWeights), a
-    condition that becomes news (`NEWS`), a new generation observed: none of these wait.
+    Such a change may wait up to `STARTUP_HOLD_SECONDS` for the rest (`StatusWriter`): the
+    job's all-serving write nearly always follows within that time, so one write tells what two
+    would, on an API server whose CPU a ramp waits for. The write that makes the job Ready, any
+    cell that goes elsewhere (Unhealthy, Failed, PendingWeights), a condition that becomes news
+    (`NEWS`), a new generation observed: none of these wait.
     """
     if not stored or not delta or not set(delta) <= _HOLDABLE_KEYS:
         return False
