@@ -101,9 +101,9 @@ class Platform(Protocol):
     # True where the serving set only ever holds cells whose engine answers, whatever they are
     # marked (Kubernetes: the `-engines` Service lists Ready pods only, and the head pod's
     # readinessProbe is the engine's health): a cell that will serve the weights it starts with
-    # can then be created serving, and no `set_serving` is needed when it comes up (one pod
-    # label PATCH per cell of every new job, issue 13). False where marking a cell is all it
-    # takes for traffic to reach it (local processes).
+    # can then be created serving, and no `set_serving` (a pod label PATCH per cell of every new
+    # job) is needed when it comes up. False where marking a cell is all it takes for traffic to
+    # reach it (local processes).
     admits_when_ready: bool
 
     async def create_cell(self, request: CellRequest) -> None:

@@ -86,10 +86,8 @@ class EngineHTTP:
 
         `close` asks for the connection to be closed after the answer (`Connection: close`), as
         the kubelet's HTTP prober does: a periodic probe would otherwise keep one idle
-        connection per cell open for good whenever its interval is below the session's 15 s
-        keep-alive, about 19 KiB of the operator's RSS each (scale bench, 300 jobs of 4 cells:
-        189.6 MiB with 1,227 descriptors open, 167.3 MiB with 23; bench/RESULTS.md), for a
-        reconnect that costs ~80 us of CPU per probe.
+        connection per cell open for good whenever its interval is below the session's
+        keep-alive, memory and a descriptor each, to save a reconnect that costs little CPU.
         """
         limit = self.timeout if timeout_s is None else timeout_s
         url = f"{self.endpoint}{path}"

@@ -2,11 +2,9 @@
 connection that asks to be closed, the status line and a bounded body read, nothing kept.
 
 Why not the aiohttp session every other engine call uses: a probe is the one engine call the
-operator makes all the time (every cell, every `intervalSeconds`: 400 probes/s at 1,000 RLJobs
-of 4 cells probed every 10 s), and through aiohttp each one built a request, a response, a URL,
-timer contexts and a connector entry. In a py-spy profile of the operator at rest with 1,000
-RLJobs those probes were 57 % of the event loop's busy samples, two thirds of them aiohttp's own
-Python around a TCP handshake (bench/RESULTS.md). A probe needs none of it: the answer's status
+operator makes all the time (every cell, every `intervalSeconds`), and through aiohttp each one
+builds a request, a response, a URL, timer contexts and a connector entry, which makes probes
+the bulk of an idle operator's event loop. A probe needs none of it: the answer's status
 decides, the body is only the message of a failure.
 
 The failures are the typed ones `EngineHTTP.request` raises, so that the health monitor cannot

@@ -1,7 +1,7 @@
 """The shard side channel: trainer ranks fetch their shard's bytes over plain HTTP.
 
-Why: through Ray Client every object byte is proxied over gRPC by the client server
-(measured here ~40-115 MiB/s), while a direct driver maps the object store (~90-540 MiB/s).
+Why: through Ray Client every object byte is proxied over gRPC by the client server, several
+times slower than a direct driver, which maps the object store.
 The shard stays in the object store; this server, inside the actor, reads it there
 (zero-copy) and writes it to the socket in the `rljob_client.wire.trainbatch` format, which the
 trainer maps with `np.frombuffer`. Ray Client is still how a trainer finds the actor and

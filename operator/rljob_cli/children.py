@@ -9,7 +9,7 @@ SIGKILL).
 
 The runner does not make itself a child subreaper: orphans re-parented to it would stay
 zombies until reaped, and Ray's client proxier fails when the server it just spawned shows up
-as a zombie (measured: "psutil.ZombieProcess" from ray.util.client.server.proxier).
+as a zombie (`psutil.ZombieProcess` from `ray.util.client.server.proxier`).
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """What the children resync knows without a read: each child's resourceVersion, from a watch.
 
 The resync (`reconcile.children`) asks every `--children-resync` seconds whether each child of
-a job still holds what was applied. Answered by a GET per child, that was ~100 requests/s at
-rest for 1,000 RLJobs, the bulk of the operator's steady traffic (bench/RESULTS.md), where
-KubeRay's operator reads its children from informer caches and asks the API server nothing.
+a job still holds what was applied. Answered by a GET per child, that would be the bulk of the
+operator's steady traffic, where KubeRay's operator reads its children from informer caches and
+asks the API server nothing.
 
 A stored object changes only with a new resourceVersion, so one watch per child kind (label
 `app.kubernetes.io/managed-by=rljob-operator`, `main.children_watches`) that keeps only the
@@ -41,8 +41,8 @@ WATCHED_KINDS: tuple[tuple[str, str], ...] = (
 )
 # How long a verification stands without a read: bounds what an event lost inside a working watch
 # stream could hide (a watch that ends or stalls is listed again, `list_watch`, and its list
-# corrects every version). 300 s, the pod cache's quorum relist period, kept 3,000 children at
-# 1,000 jobs at 10 reads/s for nothing (bench/RESULTS.md); a drift repair is not liveness.
+# corrects every version). Long, because every expiry is a read per child for nothing on a large
+# fleet; a drift repair is not liveness.
 MAX_AGE_SECONDS = 1800.0
 
 

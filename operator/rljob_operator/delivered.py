@@ -1,9 +1,10 @@
 """What kopf's RLJob watch delivered, per job: the relist's proof that an event was not lost.
 
 kopf spawns a job's daemon some time after its event arrives (after an operator restart with
-100 jobs, the last daemon ran 13-23 s later on a 2-core machine: bench/relist_nudges.py), so
-"no runtime yet" alone does not tell a lost ADDED event from a slow spawn. The RLJob event handler (`handlers.wake_rljob`) records every event here,
-before kopf spawns or stops the daemon; `relist.plan` nudges only jobs with no record.
+many jobs, the last daemons run many seconds later), so "no runtime yet" alone does not tell a
+lost ADDED event from a slow spawn. The RLJob event handler (`handlers.wake_rljob`) records
+every event here, before kopf spawns or stops the daemon; `relist.plan` nudges only jobs with
+no record.
 """
 
 from __future__ import annotations

@@ -6,9 +6,9 @@ writes them in order. A full queue drops the oldest-first overflow (logged) rath
 stalling reconciliation: Events are for people, `status` is the record.
 
 While the job's status write is out, its Events wait (`held`): a controller API verb answers
-only after its status write, and in a 16-cell update window benchmark nearly every such write
-(139 of 141) was in flight beside the POST of the Event the same verb had just queued, the API
-server serving both at once (bench/RESULTS.md). Held, the Event goes out after the write.
+only after its status write, and unheld nearly every such write would be in flight beside the
+POST of the Event the same verb had just queued, the API server serving both at once. Held,
+the Event goes out after the write.
 """
 
 from __future__ import annotations

@@ -96,8 +96,8 @@ class LeanDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
     kopf builds an RLJob's "essence" (spec, labels, annotations) on every watch event by
     deep-copying the whole body and then deleting `metadata` and `status`. Most RLJob events are
     our own status writes, and the status (one entry per cell) and managedFields are most of the
-    body: in a 16-cell window benchmark that copy was a quarter of the event loop's busy time
-    (py-spy, bench/RESULTS.md), time the controller API's answers waited behind. The essence is
+    body, so that copy is a large share of the event loop's busy time, which the controller API's
+    answers wait behind. The essence is
     the same: kopf's own `build` runs on the body less `status` and with only the metadata it
     keeps (labels, annotations); with extra fields (a handler watching a status field; ours
     watch none) the whole body goes to kopf as before."""

@@ -1,12 +1,10 @@
 """Decoded API objects that the operator keeps for as long as a job lives, their strings shared.
 
-`json.loads` makes a new string object for every key it decodes, so 1,000 kept RLJob bodies
-held 1,000 copies of "consecutiveFailures", "lastTransitionTime" and every other key. For an
-RLJob of 4 cells (managedFields already dropped), 7 of its 28 KB as Python objects were key
-strings, and another 5 KB short values that repeat between jobs: cell states, condition types
-and reasons, "True", timestamps of the same second. Interned, each such string exists once for
-all jobs (measured with 300 bodies of differing names and times; bench/RESULTS.md). RSS target:
-256 MiB at 1,000 jobs (issue 13).
+`json.loads` makes a new string object for every key it decodes, so every kept RLJob body holds
+its own copy of "consecutiveFailures", "lastTransitionTime" and every other key. Key strings,
+and short values that repeat between jobs (cell states, condition types and reasons, "True",
+timestamps of the same second), are a large share of a kept body. Interned, each such string
+exists once for all jobs.
 
 Longer strings (messages, commands) are rarely equal between jobs and are left alone: interning
 a string no other object shares only adds an entry to the interpreter's table. Interned strings

@@ -82,8 +82,7 @@ def serving_selector(job: str) -> dict[str, str]:
     Only the head of a multi-node cell listens on the engine port (vLLM's Ray workers and
     SGLang's rank > 0 nodes serve no HTTP), so the Service adds pod-index=0 to the
     serving label, and only the head carries the label at all: `set_serving` is one PATCH per
-    cell, not one per pod (at 100 jobs of 4 cells x 2 pods, labelling every pod made 800 of a
-    ramp's ~2,600 writes, issue 13).
+    cell, not one per pod, which would be a large share of a ramp's writes.
     """
     return {**engine_selector(job), SERVING: "true", POD_INDEX: "0"}
 

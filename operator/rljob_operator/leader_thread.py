@@ -1,10 +1,9 @@
 """The leader election's rounds on a thread and event loop of their own.
 
 On the operator's event loop, the Lease rounds wait their turn behind everything else the loop
-runs: every job's passes, probes and watch events. At 1,000 RLJobs that loop was busy enough
-that rounds meant to start every 2 s reached the API server 4-8 s apart (its audit log), and
-the replica gave up the Lease at its 10 s renew deadline although the API server answered each
-renewal in 10-50 ms (bench/RESULTS.md): a busy loop, not a dead replica. client-go runs leader
+runs: every job's passes, probes and watch events. A large fleet keeps that loop busy enough
+that rounds start late and the replica gives up the Lease at its renew deadline although the
+API server answers each renewal quickly: a busy loop, not a dead replica. client-go runs leader
 election on a goroutine of its own for the same reason. Here the rounds run on their own loop in
 a daemon thread, with the Lease's own client and pool thread (`main`); the GIL still is shared,
 but a thread waiting for it gets it within a few switch intervals (milliseconds), where a task

@@ -57,8 +57,7 @@ log = logging.getLogger("rljob_operator")
 
 EXIT_LOST_LEADERSHIP = 1
 # Threads (and connections) of the reconcile traffic's pool, shared by every job's passes. More
-# threads drained the queue faster but, on this 2-core machine, starved the Lease renewal past its
-# deadline during a 100-job ramp (16 and 32 both lost the Lease; issue 13): 8 it stays.
+# threads drain the queue faster but, on a small machine, starve the Lease renewal past its deadline.
 API_THREADS = 8
 EVENT_THREADS = 1  # Events are for people: on a pool of their own, never ahead of a pass's calls
 

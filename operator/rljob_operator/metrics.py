@@ -201,7 +201,7 @@ class JobGauges(Collector):
 def asyncio_task_count() -> float:
     """Tasks alive on the running loop (0 outside one). /metrics is served on the operator's own
     loop, so a scrape counts the operator's tasks: a task leaked per job, window or restart (a
-    probe or watch never cancelled) shows as a line that keeps rising (bench/soak.py reads it)."""
+    probe or watch never cancelled) shows as a line that keeps rising."""
     try:
         return float(len(asyncio.all_tasks(asyncio.get_running_loop())))
     except RuntimeError:
@@ -245,8 +245,8 @@ class Metrics:
         r.register(self.job_gauges)
         r.register(TaskCensus())
         # Counters and histograms labelled by job: their series of a deleted job are dropped
-        # with it (forget_job). Kept, every job ever reconciled added ~30-50 series for good: the
-        # operator's memory and /metrics grew with churn (bench/soak.py found it).
+        # with it (forget_job). Kept, every job ever reconciled would add its series for good: the
+        # operator's memory and /metrics would grow with churn.
         self.per_job = [built[s.name] for s in SPECS if s.name in built and s.labels[:2] == JOB]
         self.reconciles = built["rljob_reconcile_total"]
         self.reconcile_errors = built["rljob_reconcile_errors_total"]

@@ -113,7 +113,7 @@ class KubernetesPlatform:
     A pod the watch lacks (gone, or created and not delivered yet) is asked of the API server,
     so the watch can make a pod look alive for a watch's latency longer, never make a live
     cell look gone: a serving cell is never recreated from an older view (`StaleRead` guards
-    the LISTs). A steady job reads its pods from memory: no LIST per pass (issue 13).
+    the LISTs). A steady job reads its pods from memory: no LIST per pass.
     """
 
     # The `-engines` Service lists Ready pods only, and a cell's head is Ready once its engine

@@ -1,10 +1,9 @@
 """Every engine pod the operator's watch has seen, by job: one watch for all jobs' passes.
 
-Each pass of each job used to LIST its engine pods (a quorum read of the API server): at 100
-jobs resynced every 10 s, 10 LISTs a second at steady state, and the most CPU the operator
-spent per pass (the client's JSON decoding of eight pods; issue 13). The operator already
-watches engine pods (`list_watch`, `handlers.engine_pod_event`) to wake a job when its pods
-move; this keeps what that watch delivers, so a job's pass reads its pods from memory.
+A LIST of a job's engine pods per pass would be a quorum read of the API server per pass per job
+and most of a pass's CPU (decoding the pods). The operator already watches engine pods
+(`list_watch`, `handlers.engine_pod_event`) to wake a job when its pods move; this keeps what
+that watch delivers, so a job's pass reads its pods from memory.
 
 A watch can lag: an event still on its way leaves this view older than the API server's.
 What the view may be trusted with is the platform's decision (`platform.KubernetesPlatform`,
@@ -16,10 +15,9 @@ nothing else: names, labels, the cell-name annotations, deletion mark, node, and
 its phase, IP, reason and message, the Ready and PodScheduled conditions and each container's
 restart count and waiting/terminated reason. The cache holds every engine pod of the watched
 namespaces: the pod spec is ten times the rest, and a kubelet's full status (five conditions,
-container images, IDs, mounts, IPs) was 4.9 of a running pod's 6.6 KB left after the spec,
-45 KB of the ~150 KB heap an RLJob of 4 cells x 2 pods cost (bench/job_memory.py; RSS target
-256 MiB at 1,000 jobs, 8,000 pods). Dict keys and label strings are interned: each watch event
-is decoded afresh, so without it every cached pod held its own copy of every key.
+container images, IDs, mounts, IPs) is most of what is left after the spec, so whole pods would
+be much of an RLJob's memory. Dict keys and label strings are interned: each watch event is
+decoded afresh, so without it every cached pod would hold its own copy of every key.
 """
 
 from __future__ import annotations

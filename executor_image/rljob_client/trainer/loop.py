@@ -251,7 +251,7 @@ class TrainingLoop:
 
         The barrier is here, before any rank asks for the rollout: the writer has pushed the
         version of the previous step and told the executor, so the batch each rank gets is
-        frozen at the version this step expects (bug 2 of issue 10).
+        frozen at the version this step expects.
         """
         if self.is_writer and step not in self.prepared:
             await self.prepare(step)

@@ -21,7 +21,7 @@ ALIGN = 64
 DEFAULT_BUCKET_BYTES = 512 * 1024 * 1024
 # A tensor at least this large is sent from its own memory (a bucket of its own) rather than
 # copied into a packed one: packing is a second copy of the model on the trainer's CPU, which
-# competes with the link and the engines' loads (bench/RESULTS.md, "where the time goes").
+# competes with the link and the engines' loads.
 # Below it, one collective per tensor costs more than the copy saves.
 DEFAULT_DIRECT_BYTES = 1024 * 1024
 

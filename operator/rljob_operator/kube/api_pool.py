@@ -1,11 +1,10 @@
 """Which queued Kubernetes call a free thread of `kubeapi.KubeApi` serves next, and the threads.
 
-Every job's passes share one pool of a few threads (`main.API_THREADS`: more threads starved the
-Lease on 2 cores). As one FIFO it livelocked at 1,000 RLJobs (bench/RESULTS.md, "N=1,000,
-RLJobs only: it stalls"): once the backlog took longer to drain than the controller's 120 s
-pass bound, every pass timed out with its later calls still queued behind newer passes' calls,
-was retried with a new batch of calls at the back, and timed out again; no pass finished, so
-nothing the API server was asked served any job.
+Every job's passes share one pool of a few threads (`main.API_THREADS`: more threads starve the
+Lease on a small machine). As one FIFO it livelocks on a large fleet: once the backlog takes
+longer to drain than the controller's pass bound, every pass times out with its later calls
+still queued behind newer passes' calls, is retried with a new batch of calls at the back, and
+times out again; no pass finishes, so nothing the API server is asked serves any job.
 
 So the queue is ordered by who asked, not by when:
 
@@ -24,10 +23,8 @@ So the queue is ordered by who asked, not by when:
 3. calls of a resync: a pass that only checks a job at rest (its timer ran out, nothing woke
    it), by the same order. A check can wait; an edit, a dead engine's replacement, a job
    becoming ready should not, and ranked by start an edit queued behind every check that
-   started before it. At 1,000 jobs at rest the checks (the children's drift reads, ~100/s) are
-   most of the pool's calls; the pool was found empty at steady state there (its wait metrics,
-   bench/RESULTS.md), so this order matters when the pool backs up: a slower API server, more
-   jobs. A slow change at 1,000 jobs was the event loop's doing (`JobRuntime.wait`).
+   started before it. On a fleet at rest the checks (the children's drift reads) are most of
+   the pool's calls; this order matters when the pool backs up: a slower API server, more jobs.
 
 The rank travels in a context variable set by `JobRuntime.run_pass`, so it reaches every call
 of the pass, those of sub-tasks it gathers or spawns included (asyncio copies the context into

@@ -232,8 +232,7 @@ class KubeApi:
         `resourceVersion=0`: the API server answers from its watch cache instead of a quorum read
         of etcd, as an informer's cache would, which is what the resync needs (a copy a few
         milliseconds old is repaired at the next resync at worst, and a false "missing" costs one
-        idempotent apply). At 1,000 RLJobs these reads are ~100 requests/s at steady state, the
-        bulk of the operator's traffic (bench/RESULTS.md)."""
+        idempotent apply). At steady state these reads are the bulk of the operator's traffic."""
         meta = obj.get("metadata") or {}
         path = resource_path(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"])
         return await self.call("GET", path, query=[("resourceVersion", "0")], ok=(404,))

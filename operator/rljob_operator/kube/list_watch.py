@@ -5,10 +5,9 @@ the children's (their versions only, `child_versions`).
 Why not kopf's watch, as before: kopf runs every event of every watched object through its
 whole handling machinery (a worker task and a queue per object, a memory of each object, the
 handler's invocation with its kwargs built), and our handler only filed the pod into the cache
-and poked a job. In a py-spy profile of an N=300 ramp kopf's event processing was 30 % of the
-event loop's busy samples (bench/RESULTS.md), and engine pod events are most of the ramp's
-events (8 pods x ~4 events each per RLJob, against a few status writes of the RLJob). Here an
-event costs one JSON decode, one `EnginePodCache.record` and one dict lookup.
+and poked a job. That machinery was a large share of the event loop during a ramp, whose events
+are mostly engine pod events (several per pod, against a few status writes of the RLJob). Here
+an event costs one JSON decode, one `EnginePodCache.record` and one dict lookup.
 
 The protocol is client-go's reflector: list in pages (`limit`, `continue`; one page of a few
 hundred pods at a time instead of every pod of the cluster in one answer), then watch from the

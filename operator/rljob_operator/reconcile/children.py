@@ -6,9 +6,9 @@ generation changed (spec edits, suspend) and when the operator starts on a job; 
 every `--children-resync` seconds (30), each child is read and applied again only if it is missing or
 no longer holds what was applied (`drift.holds`): drift is repaired (a deleted Service comes
 back, a hand-edited port is reverted) and a job whose children are as applied costs reads,
-never writes (an apply that changes nothing is still a write request; issue 13), and where the
+never writes (an apply that changes nothing is still a write request), and where the
 operator watches the child's kind, not even reads while the child's version is the one last
-seen holding what is applied (`child_versions`: 100 reads/s at rest for 1,000 jobs). The check
+seen holding what is applied (`child_versions`). The check
 waits while the operator's API pool has other work queued, up to `CHILDREN_RESYNC_OVERDUE_SECONDS`:
 queued, its reads rank behind all work (`api_pool`), and during a 1,000-job ramp they waited
 72 s on average, the job's loop blocked in them all that time (no edit or dead engine acted on).

@@ -2,9 +2,9 @@
 
 Re-applying every child on a timer repairs drift, but each apply is a write the API server
 serves (and persists when the managed-fields timestamp moves), whether or not anything
-changed: at 1,000 jobs of six children every 30 s that was 200 writes a second of steady
-state (issue 13). A read answers the same question for the price of a read, so the resync
-reads each child and applies only the ones that are missing or differ.
+changed, every child of every job at every resync. A read answers the same question for the
+price of a read, so the resync reads each child and applies only the ones that are missing or
+differ.
 
 `holds(live, desired)` is containment, not equality: the API server adds defaults, status,
 managed fields and other managers' fields, none of which is drift. Every key the operator sets
