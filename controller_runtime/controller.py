@@ -137,8 +137,8 @@ class InferenceController:
         self.probes_wake_passes = probes_wake_passes
         # True: the driver runs a pass when a pod of a cell that waits for its pods changes (the
         # operator's pod watch), so a Pending or Starting cell is not looked at again every
-        # STARTING_PROBE_SECONDS: at 1,000 RLJobs whose cells wait minutes for their pods that
-        # poll asked for up to 2,000 passes a second of the operator's one event loop.
+        # STARTING_PROBE_SECONDS: with many jobs whose cells wait minutes for their pods, that
+        # poll would flood the operator's one event loop with passes.
         self.pods_wake_passes = pods_wake_passes
         self.call_timeout = call_timeout_seconds
         self.pass_timeout = pass_timeout_seconds
@@ -443,8 +443,8 @@ class InferenceController:
         """Start every due probe (each bounded by timeoutSeconds) and apply each answer as it comes.
 
         Each cell's probe runs on its own, so a hung engine delays nobody else: not the other
-        cells' probes, not the reconcile pass that creates a replacement (the pass used to wait
-        for the slowest probe, up to timeoutSeconds). `wait` bounds how long this call waits
+        cells' probes, not the reconcile pass that creates a replacement (which would otherwise
+        wait for the slowest probe). `wait` bounds how long this call waits
         for the probes it started (None: until all are answered); a probe still out when it
         returns applies its answer later, under the mutex, and a state change it makes reaches
         the driver through `on_event` as any other.

@@ -3,8 +3,7 @@
 A server turns an exception into an answer with `answer_for` (status, reason, Retry-After);
 a client turns an answer back into an exception with `error_from_answer`; the in-process
 client does both at once with `client_error_for`. All three read `ERRORS`, so one reason can
-never mean two things on two sides (it did: a 409 `Finished` came back as LockHeld, and an
-EngineError was 502 on the cluster but 409 in local mode).
+never mean two things on two sides.
 
 The classes are the exceptions a trainer sees. Where the controller has its own exception
 the API class also derives from it, so `except LockHeld` or `except EngineError` catches the

@@ -125,7 +125,7 @@ class ExecutorActor:
     async def _shard_batch(self, rollout_id: int, rank: int, world_size: int) -> TrainBatch:
         """The shard for the side channel: from the actor's own memory, not through the object store.
 
-        A `ray.put` copies the whole shard (16 MiB: a few ms on a busy core) and reading it back is
+        A `ray.put` copies the whole shard and reading it back is
         a round trip to the raylet, both for bytes the socket copies anyway; a shard some rank took
         over Ray already is served from the object store (a zero-copy view), never held twice."""
         key = (int(rollout_id), int(rank), int(world_size))

@@ -4,9 +4,8 @@ kopf lists once, then watches from the last resourceVersion it saw, across recon
 lists again only after a `410 Gone` (kopf/_cogs/clients/watching.py, `continuous_watch`),
 and nothing outside kopf can make it restart its stream. A watch event lost on the way (a
 proxy, a connection cut mid-event) is lost for good: a new RLJob never gets its daemon, a
-spec edit never reaches its job, a deletion is never acted on. Each job's runtime used to GET
-its RLJob once per resync period for the spec edit alone (10 GETs/s at 100 jobs, 10 s
-resync); one LIST per period now covers every job and every kind of lost event:
+spec edit never reaches its job, a deletion is never acted on. Rather than a GET of each RLJob
+per resync period, one LIST per period covers every job and every kind of lost event:
 
 - a job listed newer (by generation) than kopf's view: the listed body goes to its runtime,
   which acts on the newer of the two (a generation never goes back, so a stale list never

@@ -1,13 +1,13 @@
 """The trainer workloads RLJobs reference (`spec.trainer.workloadRef`), as a watch last saw them.
 
 Every pass of a workloadRef job needs its workload's outcome (`reconcile.workload_ref`). Read by a
-GET per pass, that is one request per job per resync: at 1,000 RLJobs on the 10 s resync, 100
-requests/s at rest, the traffic the children's watch (`child_versions`) was built to remove. So
+GET per pass, that is one request per job per resync at rest, the traffic the children's watch
+(`child_versions`) was built to remove. So
 one watch per referenced kind the API server serves (`main.workload_watches`, no label selector:
 the user's objects carry none of ours) keeps the status conditions of each object here, and a
 pass reads the cache wherever that watch has listed its namespace; elsewhere (a kind whose CRD
 was installed after the operator started, a watch that failed and has not listed again) the pass
-reads with a GET as before. A change of a followed workload wakes the jobs that reference it
+reads with a GET. A change of a followed workload wakes the jobs that reference it
 (`record` answers them), so a job ends when its workload does, not at its next resync.
 
 Pure bookkeeping: no I/O; the watches (`list_watch.ListWatch`) feed `record`, `resync` and `distrust`.

@@ -201,9 +201,8 @@ class PriorityPool:
                     self._on_wait(work.rank, time.perf_counter() - work.queued_at)
                 _run(work)
             # An idle thread waits for the next call with this frame alive: kept, `work` (its
-            # future holds the answer) pinned each thread's last answer until its next call. At
-            # rest that was the relist's LIST of every RLJob, on up to every thread of the pool
-            # (+10-18 MiB at 1,000 jobs once the drift reads stopped keeping the threads busy).
+            # future holds the answer) would pin each thread's last answer until its next call:
+            # at rest, the relist's LIST of every RLJob, on up to every thread of the pool.
             # A call given up is dropped too (its request, body included).
             del work
 

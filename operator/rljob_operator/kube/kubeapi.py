@@ -12,7 +12,7 @@ the event loop that also serves probes and the controller API, and every request
 timeout. The
 pool is not first in first out: a started pass's calls go ahead of later passes' calls, and calls
 made outside passes (Lease, access reviews, the controller API's status writes) ahead of all
-passes (`api_pool`: as one FIFO the pool livelocked at 1,000 RLJobs).
+passes (`api_pool`: as one FIFO the pool livelocks on a large fleet).
 Requests are plain dicts sent as JSON (no generated model classes): one code path serves pods,
 Services, Deployments, Jobs, Events, Leases, reviews and custom resources (RLJob, RayCluster).
 

@@ -10,8 +10,8 @@ never writes (an apply that changes nothing is still a write request), and where
 operator watches the child's kind, not even reads while the child's version is the one last
 seen holding what is applied (`child_versions`). The check
 waits while the operator's API pool has other work queued, up to `CHILDREN_RESYNC_OVERDUE_SECONDS`:
-queued, its reads rank behind all work (`api_pool`), and during a 1,000-job ramp they waited
-72 s on average, the job's loop blocked in them all that time (no edit or dead engine acted on).
+queued, its reads rank behind all work (`api_pool`), and during a ramp they would wait long,
+the job's loop blocked in them all that time (no edit or dead engine acted on).
 The trainer Job's outcome is read on every pass: it decides Succeeded/Failed; so does a
 workload the user runs (`spec.trainer.workloadRef`, `reconcile.workload_ref`).
 

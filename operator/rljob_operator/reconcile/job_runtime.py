@@ -399,12 +399,12 @@ class JobRuntime:
         """When the work this pass continues began: the first pass since the job last had nothing
         to wait for, else this one (`started`).
 
-        Ranking each pass by its own start was not enough: a job needs several passes to become
+        Ranking each pass by its own start is not enough: a job needs several passes to become
         ready (create its pods; see them run and label the cells Serving; write the status), and
-        at 1,000 RLJobs the first passes of every job start together. Each job's second pass then
-        ranked behind all the others' first passes, so no cell was labelled Serving until nearly
-        every pod of the fleet was created (label writes timed out at 120 s in the queue). A job
-        that is converging keeps the rank it began with, so jobs finish in the order they started.
+        in a ramp the first passes of every job start together. Each job's second pass would then
+        rank behind all the others' first passes, so no cell would be labelled Serving until nearly
+        every pod of the fleet was created. A job that is converging keeps the rank it began with,
+        so jobs finish in the order they started.
         A job converging for longer than `CONVERGING_RANK_SECONDS` (an engine that never comes
         up) queues as a new pass again: it cannot hold the front of the queue for good."""
         since = self._working_since
