@@ -11,7 +11,8 @@ others wait for the key. The store, not a gloo collective, because the writer's 
 barrier can legitimately take long (the first push waits for the fleet to start, up to its
 startup deadline) while a gloo collective gives up after the group's timeout; and not the
 controller's `cells.weightVersion`, because that becomes the new version before rank 0 has
-told the executor, which is the race of bug 2, and it would poll the operator once per rank.
+told the executor (a rank could read a rollout of the old weights), and it would poll the
+operator once per rank.
 
 A dead rank must not leave the others hanging or failing without a name. Each rank records
 the phase it is in (`rljob/at/<rank>`) and a heartbeat (`rljob/alive/<rank>`, every

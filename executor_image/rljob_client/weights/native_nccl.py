@@ -17,7 +17,7 @@ not a torch process group, so the trainer opens rank 0 with vLLM's own `trainer_
 
 vLLM's engine keeps no per-tensor digests, and a trainer image without vllm cannot open its
 group: then (`weightUpdate.checkWeights`, or no vllm package) the extension's receive is used
-with CUDA buffers, as before (`use_native`).
+with CUDA buffers (`use_native`).
 
 Not run on a GPU in this project yet; the payloads are checked against vLLM's own dataclasses
 (tests/unit/test_vllm_native_nccl.py).

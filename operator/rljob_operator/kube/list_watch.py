@@ -2,10 +2,10 @@
 straight into a cache. The engine pods' (into the pod cache, with a poke of the pod's job) and
 the children's (their versions only, `child_versions`).
 
-Why not kopf's watch, as before: kopf runs every event of every watched object through its
-whole handling machinery (a worker task and a queue per object, a memory of each object, the
-handler's invocation with its kwargs built), and our handler only filed the pod into the cache
-and poked a job. That machinery was a large share of the event loop during a ramp, whose events
+Why not kopf's watch: kopf runs every event of every watched object through its whole handling
+machinery (a worker task and a queue per object, a memory of each object, the handler's
+invocation with its kwargs built), where all a handler would do is file the pod into the cache
+and poke a job. That machinery is a large share of the event loop during a ramp, whose events
 are mostly engine pod events (several per pod, against a few status writes of the RLJob). Here
 an event costs one JSON decode, one `EnginePodCache.record` and one dict lookup.
 
