@@ -36,6 +36,7 @@ from rljob_operator.manifests import engine_pods, ray_auth_secret
 from rljob_operator.platform import KubernetesPlatform
 from rljob_operator.reconcile.children import desired_children
 
+from controller_runtime.api.workloads import TRAINER_WORKLOADS
 from controller_runtime.ports import CellRequest
 from tests.integration.test_helm_chart import CHART, _helm
 from tests.unit.test_manifests_golden import CASES, CONTROLLER_URL, load_job
@@ -59,6 +60,9 @@ KOPF_CALLS: set[Triple] = {
 CHILDREN_WATCH_CALLS: set[Triple] = {
     (api_version.rpartition("/")[0], PLURALS[kind], verb) for api_version, kind in WATCHED_KINDS for verb in ("list", "watch")
 }  # fmt: skip
+# The operator's watches of the trainer workloads users reference (`workload_watch`): a LIST, then a
+# WATCH of each served kind of `controller_runtime.api.workloads.TRAINER_WORKLOADS`.
+WORKLOAD_WATCH_CALLS: set[Triple] = {(w.group, w.plural, verb) for w in TRAINER_WORKLOADS for verb in ("list", "watch")}
 CLUSTER_SCOPED = {
     "tokenreviews", "subjectaccessreviews", "customresourcedefinitions", "namespaces",
     "priorityclasses", "workloadpriorityclasses", "resourceflavors",  # Kueue priority and flavors
@@ -138,12 +142,21 @@ KUEUE_CALLS: set[tuple[str, str]] = {
 
 async def drive(obj: Any) -> None:
     for name, fn in inspect.getmembers(obj, inspect.iscoroutinefunction):
-        if name.startswith("_") or name in GENERIC | ANY_KIND:
+        if name.startswith("_") or name in GENERIC | ANY_KIND | WORKLOAD_CALLS:
             continue
         params = inspect.signature(fn).parameters
         missing = [p for p, v in params.items() if p not in SAMPLES and v.default is inspect.Parameter.empty]
         assert not missing, f"{type(obj).__name__}.{name}: add a sample for {missing} to SAMPLES"
         await fn(**{p: SAMPLES[p] for p in params if p in SAMPLES})
+
+
+# Reads of a trainer workload the user runs (spec.trainer.workloadRef): one per kind of the table.
+WORKLOAD_CALLS = {"get_workload"}
+
+
+async def drive_workload_calls(kube: KubeApi) -> None:
+    for w in TRAINER_WORKLOADS:
+        await kube.get_workload(w.api_version, w.kind, "ns", "w")
 
 
 async def drive_kueue_calls(kube: KubeApi) -> None:
@@ -187,6 +200,7 @@ async def operator_calls() -> set[Triple]:
         await drive(kube)
         await drive(KubernetesPlatform(kube, "ns", load_job("tiny-cpu")))
         await drive_kueue_calls(kube)
+        await drive_workload_calls(kube)
         for obj in built_objects():
             if obj["kind"] == "Secret":
                 await kube.create_if_absent(obj)
@@ -232,7 +246,7 @@ def granted(docs: list[dict[str, Any]], subject: dict[str, str]) -> dict[tuple[s
 
 @pytest.fixture(scope="module")
 async def needed() -> set[Triple]:
-    return await operator_calls() | KOPF_CALLS | CHILDREN_WATCH_CALLS
+    return await operator_calls() | KOPF_CALLS | CHILDREN_WATCH_CALLS | WORKLOAD_WATCH_CALLS
 
 
 def test_every_kind_the_operator_writes_has_its_resource_named() -> None:
