@@ -466,7 +466,7 @@ def not_recorded_answers(op: OperatorProcess) -> float:
     """How many end_update_weights calls the operator answered 503 (its /metrics)."""
     return sum(float(line.rsplit(" ", 1)[1]) for line in op.metrics().splitlines()
                if line.startswith("rljob_controller_api_calls_total{")
-               and 'verb="end_update_weights"' in line and 'status="503"' in line)
+               and 'verb="end_update_weights"' in line and 'code="503"' in line)
 
 
 async def end_while_status_writes_fail(op: OperatorProcess, proxy: ApiProxy, namespace: str, token: str) -> None:
