@@ -118,9 +118,6 @@ class RewardPool:
 
     async def _replace(self, w: _Worker) -> None:
         await self._drop(w)
-        if self._closed:
-            return
-        self.replaced += 1
         while not self._closed:
             try:
                 self._idle.put_nowait(await self._spawn())
@@ -150,6 +147,7 @@ class RewardPool:
             if healthy:
                 self._idle.put_nowait(w)
             else:  # timed out, died, or the caller was cancelled mid-call: the worker's state is unknown
+                self.replaced += 1  # counted when decided, so a call's caller already sees it
                 t = asyncio.ensure_future(self._replace(w))
                 self._replacing.add(t)
                 t.add_done_callback(self._replacing.discard)

@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-from rollout_executor.samples import RewardInput
 
 from tests.integration import test_executor as base
 from tests.integration.test_executor import N_PROMPTS, N_SAMPLES, StandIn, assert_complete, config
@@ -20,28 +19,9 @@ from tests.integration.test_executor import N_PROMPTS, N_SAMPLES, StandIn, asser
 dataset = base.dataset  # the fixtures, shared
 make_executor = base.make_executor
 
-HERE = "tests.integration.test_executor_rewards"
-
-
-def logged_sleep(sample: RewardInput, log: str, seconds: float = 1.0) -> float:
-    """Sleeps like a slow judge; writes when it ran (CLOCK_MONOTONIC is one clock for every process)."""
-    start = time.monotonic()
-    time.sleep(seconds)
-    with open(log, "a") as f:
-        f.write(f"{start} {time.monotonic()}\n")
-    return 1.0
-
-
-def flaky(sample: RewardInput) -> float:
-    if sample.key.sample == 1:
-        raise ZeroDivisionError("boom")
-    return 0.5
-
-
-def hangs_on_sample_1(sample: RewardInput) -> float:
-    if sample.key.sample == 1:
-        time.sleep(3600)
-    return 0.5
+# The rewards live in a plain module: the executor imports them by name, and a test module
+# imported a second time would be compiled again by pytest's assertion rewriting.
+HERE = "tests.integration.user_rewards"
 
 
 @pytest.fixture
