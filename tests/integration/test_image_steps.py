@@ -24,7 +24,8 @@ IMAGES = {
     "images/trainer.Dockerfile": {"absent": ["vllm", "kopf", "kubernetes"], "present": ["torch", "transformers", "ray", "rljob_client"]},
     "images/engine.Dockerfile": {"absent": ["kopf", "kubernetes"], "present": ["vllm", "torch", "rljob_client"]},
 }
-#: torch and vLLM with their CUDA runtime: several GiB to download and unpack per run
+#: torch and vLLM with their CUDA runtime: several GiB to unpack per run (minutes each), so they
+#: run with the images tier (RLJOB_TEST_IMAGES=1), beside the images they describe
 HEAVY = {"images/trainer.Dockerfile", "images/engine.Dockerfile"}
 
 
@@ -45,7 +46,7 @@ def _entrypoint(text: str) -> list[str]:
     return json.loads(found[-1].split(None, 1)[1])
 
 
-@pytest.mark.parametrize("dockerfile", [pytest.param(d, marks=[pytest.mark.slow] if d in HEAVY else []) for d in IMAGES])
+@pytest.mark.parametrize("dockerfile", [pytest.param(d, marks=[pytest.mark.images] if d in HEAVY else []) for d in IMAGES])
 def test_dockerfile_steps_install_into_a_venv(dockerfile: str, tmp_path: Path) -> None:
     text = (ROOT / dockerfile).read_text()
     venv = tmp_path / "venv"
