@@ -150,6 +150,6 @@ def test_local_mode_runs_a_trainer_command_with_a_trainer_pods_environment(tmp_p
 
     sdk = read(env)
     assert (sdk.name, sdk.steps, sdk.weights_dir, sdk.weight_update_method) == ("byo", 7, tmp_path / "weights", "disk")
-    assert env["LEARNING_RATE"] == "3e-3" and env["RLJOB_EXECUTOR_PYTHON"].count(".") == 2
+    assert env["LEARNING_RATE"] == "0.003" and env["RLJOB_EXECUTOR_PYTHON"].count(".") == 2
     assert local_command(["python", "t.py", "--x"]) == [sys.executable, "t.py", "--x"]
     assert local_command(["/bin/train"]) == ["/bin/train"]
