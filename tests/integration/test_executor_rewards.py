@@ -19,9 +19,7 @@ from tests.integration.test_executor import N_PROMPTS, N_SAMPLES, StandIn, asser
 dataset = base.dataset  # the fixtures, shared
 make_executor = base.make_executor
 
-# The rewards live in a plain module: the executor imports them by name, and a test module
-# imported a second time would be compiled again by pytest's assertion rewriting.
-HERE = "tests.integration.user_rewards"
+HERE = "tests.unit.reward_fixtures"  # a plain module: see its docstring
 
 
 @pytest.fixture

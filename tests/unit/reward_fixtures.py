@@ -1,4 +1,5 @@
-"""Reward functions the reward-pool tests import by name (the pool's workers import them too)."""
+"""Reward functions the reward-pool and executor tests import by name (the pool's workers import
+them too): a plain module, not a test module, so importing it twice compiles nothing again."""
 
 from __future__ import annotations
 
@@ -44,3 +45,12 @@ async def async_hangs(sample: RewardInput) -> float:
 
     await asyncio.sleep(3600)
     return 0.0
+
+
+def logged_sleep(sample: RewardInput, log: str, seconds: float = 1.0) -> float:
+    """Sleeps like a slow judge; writes when it ran (CLOCK_MONOTONIC is one clock for every process)."""
+    start = time.monotonic()
+    time.sleep(seconds)
+    with open(log, "a") as f:
+        f.write(f"{start} {time.monotonic()}\n")
+    return 1.0
